@@ -103,7 +103,7 @@ def scatter_rows_kernel(
         if num_rows <= jnp.iinfo(rows.dtype).max:
             row_ok = row_ok & (rows < num_rows)
     mask = row_ok[:, None] & cols_ok[None, :]
-    values = plgpu.load(updates_ref.at[src[:, None], cols[None, :]], mask=mask, other=0)
+    values = plgpu.load(updates_ref.at[src[:, None], cols[None, :]], mask=mask)
     # Masked-off lanes point past the end, never at a real element: interpret
     # mode emulates a masked store with a scatter that writes back the old
     # value, which would race a real write to the same element.

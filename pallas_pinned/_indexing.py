@@ -23,8 +23,19 @@ BACKENDS = ("auto", "xla", "pallas", "interpret")
 SUPPORTED_DTYPES = tuple(
     jnp.dtype(t)
     for t in (
-        jnp.bool_, jnp.int8, jnp.uint8, jnp.int16, jnp.uint16, jnp.int32, jnp.uint32,
-        jnp.int64, jnp.uint64, jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64,
+        jnp.bool_,
+        jnp.int8,
+        jnp.uint8,
+        jnp.int16,
+        jnp.uint16,
+        jnp.int32,
+        jnp.uint32,
+        jnp.int64,
+        jnp.uint64,
+        jnp.float16,
+        jnp.bfloat16,
+        jnp.float32,
+        jnp.float64,
     )
 )
 
@@ -58,7 +69,9 @@ def parse_index(indices: Any, num_rows: int) -> RowIndex:
     if isinstance(indices, (bool, np.bool_)):
         raise TypeError(f"indices must be integers, got the bool {indices!r}")
     if isinstance(indices, (int, np.integer)):
-        return RowIndex(np.asarray([int(indices)], np.int64), (), unique=True, ascending=True)
+        info = np.iinfo(index_dtype())
+        rows = np.asarray([min(max(int(indices), info.min), info.max)], index_dtype())
+        return RowIndex(rows, (), unique=True, ascending=True)
     if isinstance(indices, slice):
         for part in (indices.start, indices.stop, indices.step):
             if part is not None and not isinstance(part, (int, np.integer)):
@@ -68,7 +81,8 @@ def parse_index(indices: Any, num_rows: int) -> RowIndex:
                 )
         if indices.step == 0:
             raise ValueError(f"slice step cannot be zero, got {indices!r}")
-        rows = np.arange(num_rows, dtype=np.int64)[indices]
+        picked = range(num_rows)[indices]  # No O(num_rows) array for a short slice.
+        rows = np.arange(picked.start, picked.stop, picked.step, dtype=index_dtype())
         return RowIndex(rows, rows.shape, unique=True, ascending=(indices.step or 1) > 0)
     if isinstance(indices, list):
         # An empty list has no dtype of its own; numpy would say float64.
@@ -80,6 +94,9 @@ def parse_index(indices: Any, num_rows: int) -> RowIndex:
                 f"indices must have an integer dtype, got {dtype} (shape {indices.shape}); "
                 "cast with .astype(jnp.int32)"
             )
+        if isinstance(indices, np.ndarray):
+            # Narrow here, saturating, before jax would truncate int64 values.
+            indices = _to_wide_numpy(indices, index_dtype())
         return RowIndex(indices, tuple(indices.shape))
     raise NotImplementedError(
         f"unsupported index {type(indices).__name__} {indices!r}: supported forms are "

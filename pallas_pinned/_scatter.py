@@ -89,7 +89,10 @@ def _kernel_path(x, rows, updates, cfg: _Config, *, interpret: bool):
         rows, src = dedupe_last_wins(rows, num_rows, presorted=cfg.ascending)
     x2d = x.reshape(num_rows, -1)
     out = scatter_pallas.scatter_rows(
-        x2d, rows, src, updates,
+        x2d,
+        rows,
+        src,
+        updates,
         # De-duplication marks superseded rows past the end: those must always
         # be masked, even when the caller promised in-bounds indices.
         check_bounds=dedupe or cfg.mode != "promise_in_bounds",
@@ -116,7 +119,9 @@ def _scatter_traced(x, rows, updates, cfg: _Config):
     if not _on_host(x):
         return _xla_path(x, rows, updates, cfg)
     return lax.platform_dependent(
-        x, rows, updates,
+        x,
+        rows,
+        updates,
         cuda=functools.partial(_kernel_path, cfg=cfg, interpret=False),
         default=functools.partial(_xla_path, cfg=cfg),
     )

@@ -30,9 +30,7 @@ def dedupe_last_wins(rows: jax.Array, num_rows: int, *, presorted: bool = False)
     else:
         # A stable sort keeps equal rows in their original order, so the last
         # of each run is the last occurrence in the input.
-        rows, src = lax.sort(
-            (rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1, is_stable=True
-        )
+        rows, src = lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1, is_stable=True)
     superseded = jnp.concatenate([rows[:-1] == rows[1:], jnp.zeros((1,), bool)])
     rows = jnp.where(superseded, skip_row(num_rows, rows.dtype), rows)
     return rows, src

@@ -116,9 +116,10 @@ def scatter_oracle(
     """
     out = np.array(x, copy=True)
     r = x.shape[0]
-    flat_rows = np.asarray(indices, dtype=np.int64).reshape(-1)
-    flat_updates = np.asarray(updates).reshape((flat_rows.size,) + x.shape[1:])
-    for row, value in zip(flat_rows.tolist(), flat_updates, strict=True):
+    # Python ints: no index type can overflow while negatives wrap.
+    flat_rows = np.asarray(indices).reshape(-1).tolist()
+    flat_updates = np.asarray(updates).reshape((len(flat_rows),) + x.shape[1:])
+    for row, value in zip(flat_rows, flat_updates, strict=True):
         if row < 0:
             row += r
         if mode == "clip":
@@ -139,7 +140,9 @@ def assert_same(actual, expected, *, what: str = "result", max_rows: int = 5) ->
     a = actual.reshape(actual.shape[0], -1) if actual.ndim else actual.reshape(1, 1)
     e = expected.reshape(a.shape)
     # Compare bit patterns so that NaN == NaN and -0.0 != 0.0.
-    bad_elems = a.view(np.uint8).reshape(a.shape + (-1,)) != e.view(np.uint8).reshape(a.shape + (-1,))
+    bad_elems = a.view(np.uint8).reshape(a.shape + (-1,)) != e.view(np.uint8).reshape(
+        a.shape + (-1,)
+    )
     bad_rows = np.flatnonzero(bad_elems.reshape(a.shape[0], -1).any(axis=1))
     if bad_rows.size:
         lines = [f"{what}: {bad_rows.size} of {a.shape[0]} rows differ"]

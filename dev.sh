@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The project's two commands, each setting up what it needs first:
+#   bash dev.sh demo [args]   the periodic-update demo (checks its own result)
+#   bash dev.sh test [args]   ruff, then the test suite (pytest args pass through)
+# Both create .venv with Python 3.12 (pyenv reads .python-version) and install
+# the package with its test extra. PYTHON=/path/to/python3.12 overrides.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+find_python() {
+  if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
+  if command -v pyenv >/dev/null 2>&1 && pyenv which python >/dev/null 2>&1; then
+    pyenv which python; return
+  fi
+  for candidate in python3.12 python3.13 python3; do
+    if command -v "$candidate" >/dev/null 2>&1; then command -v "$candidate"; return; fi
+  done
+  echo "no python found" >&2; exit 1
+}
+
+setup() {
+  if [ ! -x .venv/bin/python ]; then
+    local py; py=$(find_python)
+    if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+      echo "pallas_pinned needs Python >= 3.12 (jax >= 0.11); $py is $("$py" -V 2>&1)." >&2
+      echo "Install 3.12 (e.g. 'pyenv install 3.12') or set PYTHON=/path/to/python3.12." >&2
+      exit 1
+    fi
+    "$py" -m venv .venv
+  fi
+  # Reinstall only when the project's metadata changed since the last install.
+  if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[test]"
+    touch .venv/.installed
+  fi
+}
+
+command=${1:-}
+shift || true
+case "$command" in
+  demo) setup; exec .venv/bin/python -m pallas_pinned "$@" ;;
+  test) setup; .venv/bin/ruff check .; exec .venv/bin/python -m pytest "$@" ;;
+  *) echo "usage: bash dev.sh {demo|test} [args...]" >&2; exit 2 ;;
+esac

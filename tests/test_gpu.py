@@ -1,0 +1,176 @@
+"""GPU-only checks of the pinned-host path (marker ``gpu``; run on the H200).
+
+The randomized suite in test_scatter.py also runs its "pallas" cases on a GPU;
+this file covers what only a GPU shows: the compiled HLO, donation of the
+host buffer, device memory that stays flat, buffers past 2**31 elements.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_pinned as pp
+from tests.helpers import put, sharding
+
+pytestmark = pytest.mark.gpu
+
+GIB = 1024**3
+
+
+def _host_rows(array: jax.Array, rows: np.ndarray) -> np.ndarray:
+    """Reads a few rows of a pinned_host array through its host pointer.
+
+    Copying a many-GiB buffer back just to look at a handful of rows would
+    dominate the test; pinned memory is ordinary host memory, so read it.
+    """
+    array.block_until_ready()
+    width = int(np.prod(array.shape[1:]))
+    itemsize = array.dtype.itemsize
+    base = array.unsafe_buffer_pointer()
+    out = np.empty((rows.size, width), array.dtype)
+    for k, row in enumerate(rows.tolist()):
+        raw = (ctypes.c_char * (width * itemsize)).from_address(base + row * width * itemsize)
+        out[k] = np.frombuffer(bytes(raw), array.dtype)
+    return out
+
+
+def _bytes_in_use() -> int:
+    return jax.devices()[0].memory_stats()["bytes_in_use"]
+
+
+def _user_update(x, y):
+    host = sharding("pinned_host")
+    i = jax.device_put(jnp.arange(5), host)
+    y = jax.device_put(y.astype(x.dtype), host)
+    return pp.scatter_to_host(x, i, y)
+
+
+def test_user_example_verbatim_with_2gib_buffer():
+    gpu = sharding("device")
+    cpu = sharding("pinned_host")
+    x_cpu = jax.device_put(np.zeros((2 * 1024**3 // 4,), np.float32), cpu)
+    y_gpu = jax.device_put(jnp.arange(5), gpu)
+    before = _bytes_in_use()
+    pointer = x_cpu.unsafe_buffer_pointer()
+    out = jax.jit(_user_update, donate_argnums=(0,))(x_cpu, y_gpu)
+    out.block_until_ready()
+    grown = _bytes_in_use() - before
+    assert out.sharding.memory_kind == "pinned_host"
+    assert x_cpu.is_deleted()
+    assert out.unsafe_buffer_pointer() == pointer  # Updated in place.
+    np.testing.assert_array_equal(
+        _host_rows(out.reshape(-1, 1), np.arange(7))[:, 0], [0, 1, 2, 3, 4, 0, 0]
+    )
+    assert grown < 64 * 1024**2, f"device memory grew by {grown} bytes for a 2 GiB buffer"
+
+
+def test_device_memory_does_not_grow_with_the_buffer():
+    rng = np.random.default_rng(0)
+    n = 1 << 20
+    idx = jnp.asarray(rng.integers(0, 1 << 28, n, dtype=np.int32))
+    upd = jnp.asarray(rng.standard_normal((n, 1), np.float32))
+    update = jax.jit(lambda x, i, u: pp.scatter_to_host(x, i, u), donate_argnums=0)
+    growth = {}
+    for gib in (1, 4):
+        x = jax.device_put(np.ones(((gib * GIB) // 4, 1), np.float32), sharding("pinned_host"))
+        before = _bytes_in_use()
+        x = update(x, idx, upd)
+        x.block_until_ready()
+        growth[gib] = jax.devices()[0].memory_stats()["peak_bytes_in_use"] - before
+        del x
+    # Scratch scales with the 1 M updates (sort, permutation), not the buffer.
+    assert growth[4] < 256 * 1024**2, growth
+
+
+def test_buffer_past_2_31_elements():
+    # (2**24 + 5) rows x 130 float32 = 8.7 GB: offsets past 2**31 elements
+    # and past 2**32 bytes need 64-bit address arithmetic.
+    rows, width = 2**24 + 5, 130
+    x = jax.device_put(np.zeros((rows, width), np.float32), sharding("pinned_host"))
+    targets = np.array([0, 2**31 // width + 1, 2**32 // 4 // width + 3, rows - 1, rows - 2])
+    upd = np.random.default_rng(1).standard_normal((targets.size, width)).astype(np.float32)
+    out = pp.scatter_to_host(x, jnp.asarray(targets), jnp.asarray(upd))
+    np.testing.assert_array_equal(_host_rows(out, targets), upd)
+    np.testing.assert_array_equal(_host_rows(out, targets + 1)[:-2], 0)  # Neighbours untouched.
+
+
+def _compiled_hlo(fn, *args, donate=True) -> str:
+    jitted = jax.jit(fn, donate_argnums=(0,) if donate else ())
+    return jitted.lower(*args).compile().as_text()
+
+
+def test_hlo_kernel_in_host_memory_no_copy():
+    x = put(np.ones((4096, 64), np.float32))
+    idx = jnp.arange(100, dtype=jnp.int32) * 7
+    upd = jnp.ones((100, 64), jnp.float32)
+    hlo = _compiled_hlo(lambda x, i, u: pp.scatter_to_host(x, i, u), x, idx, upd)
+    calls = [line for line in hlo.splitlines() if "__gpu$xla.gpu.triton" in line]
+    assert len(calls) == 1, hlo
+    # Result and aliased buffer operand both in memory space S(5) (pinned host).
+    assert re.search(r"=\s*f32\[4096,64\]\{1,0:S\(5\)\}\s*custom-call", calls[0]), calls[0]
+    assert "output_to_operand_aliasing={{}: (3, {})}" in calls[0], calls[0]
+    assert not re.search(r"copy\(%?x", hlo), "the buffer parameter was copied"
+    assert "host-compute" not in hlo.lower()
+
+
+def test_without_donation_xla_copies_the_buffer_and_the_answer_is_right():
+    x0 = np.random.default_rng(2).standard_normal((256, 8)).astype(np.float32)
+    x = put(x0)
+    fn = lambda x, i, u: pp.scatter_to_host(x, i, u)  # noqa: E731
+    hlo = _compiled_hlo(fn, x, jnp.array([1, 2]), jnp.ones((2, 8)), donate=False)
+    assert "copy" in hlo  # The documented cost of not donating.
+    out = jax.jit(fn)(x, jnp.array([1, 2]), jnp.ones((2, 8), jnp.float32))
+    np.testing.assert_array_equal(np.asarray(x), x0)
+    expected = x0.copy()
+    expected[1:3] = 1
+    np.testing.assert_array_equal(np.asarray(out), expected)
+
+
+def test_compiles_with_automatic_host_compute_offload_disabled():
+    # If any of our ops were turned into host compute, XLA would refuse here.
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp, numpy as np
+        import pallas_pinned as pp
+        dev = jax.devices()[0]
+        host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+        def update(x, y):
+            i = jax.device_put(jnp.arange(5), host)
+            y = jax.device_put(y.astype(x.dtype), host)
+            return pp.scatter_to_host(x, i, y)
+        x = jax.device_put(np.zeros((1 << 20,), np.float32), host)
+        out = jax.jit(update, donate_argnums=(0,))(x, jnp.arange(5))
+        assert np.asarray(out)[:6].tolist() == [0, 1, 2, 3, 4, 0], np.asarray(out)[:6]
+        print("ok", out.sharding.memory_kind)
+        """
+    )
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_disable_automatic_host_compute_offload=true"
+    ).strip()
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ok pinned_host" in done.stdout
+
+
+def test_eager_call_updates_in_place():
+    x = put(np.zeros((1000, 16), np.float32))
+    pointer = x.unsafe_buffer_pointer()
+    out = pp.scatter_to_host(x, jnp.array([3, 999]), jnp.ones((2, 16), jnp.float32))
+    assert x.is_deleted()
+    assert out.unsafe_buffer_pointer() == pointer
+    np.testing.assert_array_equal(
+        _host_rows(out, np.array([3, 999, 4])), np.stack([np.ones(16), np.ones(16), np.zeros(16)])
+    )
