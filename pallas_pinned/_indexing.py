@@ -147,12 +147,12 @@ def _devices_of(a: Any):
     return None
 
 
-def check_same_device(x: Any, *others: Any) -> None:
+def check_same_device(x: Any, indices: Any, updates: Any) -> None:
     """Concrete inputs must live on the buffer's device (any memory kind)."""
     x_devices = _devices_of(x)
     if x_devices is None:
         return
-    for name, other in zip(("indices", "updates"), others):
+    for name, other in (("indices", indices), ("updates", updates)):
         devices = _devices_of(other)
         if devices is not None and devices != x_devices:
             raise ValueError(
