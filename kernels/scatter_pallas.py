@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,7 @@ from jax.experimental.pallas import triton as plgpu
 
 __all__ = [
     "ScatterTiling",
+    "offsets_fit",
     "choose_scatter_tiling",
     "scatter_rows",
     "scatter_rows_kernel",
@@ -52,6 +54,17 @@ class ScatterTiling:
     block_rows: int
     block_cols: int
     num_warps: int
+
+
+def offsets_fit(shape: tuple[int, ...], dtype) -> bool:
+    """Whether Pallas's Triton lowering computes correct offsets for ``shape``.
+
+    It switches to 64-bit offsets only for buffers over 2**32 bytes and counts
+    offsets in elements with signed arithmetic, so a 1-byte dtype between 2**31
+    and 2**32 elements would wrap to negative offsets: outside the buffer.
+    """
+    size = math.prod(shape)
+    return not (jnp.dtype(dtype).itemsize == 1 and 2**31 < size <= 2**32)
 
 
 def _next_pow2(n: int) -> int:

@@ -116,7 +116,7 @@ def _scatter_traced(x, rows, updates, cfg: _Config):
         return _kernel_path(x, rows, updates, cfg, interpret=False)
     # "auto": the kernel pays off only for host buffers of a CUDA GPU; device
     # memory is XLA's own scatter's home turf.
-    if not _on_host(x):
+    if not _on_host(x) or not scatter_pallas.offsets_fit(x.shape, x.dtype):
         return _xla_path(x, rows, updates, cfg)
     return lax.platform_dependent(
         x,
@@ -135,6 +135,12 @@ def _scatter_donating(x, rows, updates, cfg: _Config):
 def _check_backend_available(x, backend: str) -> None:
     if backend != "pallas":
         return
+    if not scatter_pallas.offsets_fit(x.shape, x.dtype):
+        raise NotImplementedError(
+            f"backend='pallas' cannot address a {x.dtype} buffer of {x.size} elements: Pallas "
+            "uses 32-bit signed offsets for 1-byte buffers of 2-4 GiB; use backend='auto' "
+            "(falls back to XLA) or a buffer of a wider dtype"
+        )
     platform = (
         next(iter(x.sharding.device_set)).platform
         if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)

@@ -83,3 +83,14 @@ def test_errors_also_raise_inside_jit(x):
     with pytest.raises(TypeError, match="float32"):
         jax.jit(lambda x, i: pp.scatter_to_host(x, i, 0.0))(x, jnp.array([1.0]))
     assert not x.is_deleted()
+
+
+def test_pallas_offsets_guard():
+    # 1-byte buffers of 2-4 GiB would overflow Pallas's 32-bit signed offsets.
+    from pallas_pinned.kernels.scatter_pallas import offsets_fit
+
+    assert offsets_fit((2**31,), np.int8)  # Largest offset 2**31 - 1 still fits.
+    assert not offsets_fit((2**31 + 1,), np.int8)
+    assert not offsets_fit((2**16, 2**16), np.bool_)
+    assert offsets_fit((2**32 + 1,), np.uint8)  # Over 2**32 bytes: 64-bit offsets.
+    assert offsets_fit((2**31,), np.float16)
