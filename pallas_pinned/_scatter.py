@@ -127,9 +127,74 @@ def _scatter_traced(x, rows, updates, cfg: _Config):
     )
 
 
+_VMAP_MESSAGE = (
+    "scatter_to_host does not support jax.vmap: it updates one buffer in place. Fold a batch "
+    "of index/update sets into one call, scatter_to_host(x, indices.reshape(-1), "
+    "updates.reshape((-1,) + x.shape[1:])) (later sets win), or loop over buffers with "
+    "lax.fori_loop / lax.scan"
+)
+_BUFFER_GRAD_MESSAGE = (
+    "scatter_to_host is not differentiable with respect to the buffer x: its cotangent would be "
+    "a second buffer of x's full size. Differentiate with respect to updates only, and wrap the "
+    "buffer in jax.lax.stop_gradient(x) if it is derived from differentiated values"
+)
+
+
+def _no_vmap(cfg: _Config):
+    @jax.custom_batching.custom_vmap
+    def scatter(x, rows, updates):
+        return _scatter_traced(x, rows, updates, cfg)
+
+    @scatter.def_vmap
+    def _reject(axis_size, in_batched, *args):
+        raise NotImplementedError(_VMAP_MESSAGE)
+
+    return scatter
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _scatter_op(x, rows, updates, cfg: _Config):
+    return _no_vmap(cfg)(x, rows, updates)
+
+
+def _scatter_op_fwd(x, rows, updates, cfg: _Config):
+    # symbolic_zeros: each argument says whether it is being differentiated.
+    if x.perturbed:
+        raise TypeError(_BUFFER_GRAD_MESSAGE)
+    out = _no_vmap(cfg)(x.value, rows.value, updates.value)
+    return out, (x.value.shape, rows.value, updates.value)
+
+
+def _winning_rows(rows, cfg: _Config, num_rows: int):
+    """Normalized rows, and which positions' updates survive in the result."""
+    rows = _indexing.normalize_rows(_to_device_memory(rows), num_rows, cfg.mode)
+    kept_sorted, src = dedupe_last_wins(rows, num_rows)
+    in_buffer = (kept_sorted >= 0) & (kept_sorted < num_rows)
+    survives = jnp.zeros(rows.shape, bool).at[src].set(in_buffer, unique_indices=True)
+    return jnp.clip(rows, 0, num_rows - 1), survives
+
+
+def _scatter_op_bwd(cfg: _Config, residuals, cotangent):
+    shape, rows, updates = residuals
+    num_rows = shape[0]
+    safe_rows, survives = _winning_rows(rows, cfg, num_rows)
+    flat = _to_device_memory(cotangent).reshape(num_rows, -1)
+    picked = jnp.where(survives[:, None], flat[safe_rows], 0)
+    picked = picked.reshape(cfg.index_shape + tuple(shape[1:]))
+    # Transpose the broadcast and the cast that the forward applied to updates.
+    _, to_updates = jax.vjp(
+        lambda u: jnp.broadcast_to(u.astype(cotangent.dtype), picked.shape), updates
+    )
+    (updates_cotangent,) = to_updates(picked)
+    return None, None, updates_cotangent
+
+
+_scatter_op.defvjp(_scatter_op_fwd, _scatter_op_bwd, symbolic_zeros=True)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnums=(0,))
 def _scatter_donating(x, rows, updates, cfg: _Config):
-    return _scatter_traced(x, rows, updates, cfg)
+    return _scatter_op(x, rows, updates, cfg)
 
 
 def _check_backend_available(x, backend: str) -> None:
@@ -211,8 +276,10 @@ def scatter_to_host(
         ascending=bool(indices_are_sorted) or index.ascending,
         backend=backend,
     )
+    if not isinstance(updates, jax.Array | jax.core.Tracer):
+        updates = jnp.asarray(updates)  # custom_vjp wants arrays, not Python scalars.
     if isinstance(x, jax.core.Tracer):
-        return _scatter_traced(x, index.rows, updates, cfg)
+        return _scatter_op(x, index.rows, updates, cfg)
     if math.prod(index.shape) == 0 or x.size == 0:
         return x  # Nothing to write; the buffer stays as it is.
     return _scatter_donating(x, index.rows, updates, cfg)
