@@ -316,3 +316,14 @@ def test_pallas_backend_on_cpu_names_the_alternatives():
     with pytest.raises(NotImplementedError, match="backend='interpret'"):
         pp.scatter_to_host(x, 1, 1.0, backend="pallas")
     assert not x.is_deleted()
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("threshold", [0, 10**9])
+def test_sort_threshold_never_changes_results(rng, backend, threshold, monkeypatch):
+    # Unique indices are sorted only above SORT_MIN_UPDATES; both sides of
+    # the crossover must give the same buffer.
+    from pallas_pinned import _scatter
+
+    monkeypatch.setattr(_scatter, "SORT_MIN_UPDATES", threshold)
+    _run(rng, backend, ScatterSpec(300, (5,), "float32", 200, "random_unique"), unique_indices=True)
