@@ -51,3 +51,95 @@ def scatter_rows_reference(
     # Negative skip markers must not wrap: map them past the end.
     rows = jnp.where(rows < 0, num_rows, rows) if num_rows < jnp.iinfo(rows.dtype).max else rows
     return x.at[rows].set(updates, mode="drop", unique_indices=True)
+
+
+# --- gather_from_host and scatter_add_to_host ------------------------------
+
+__all__ += [
+    "add_accumulator_dtype",
+    "combine_duplicates",
+    "gather_rows_reference",
+    "rows_in_range",
+    "scatter_add_rows_reference",
+]
+
+
+def add_accumulator_dtype(dtype) -> jnp.dtype:
+    """The type sums are formed in: float32 for 16-bit floats, else ``dtype``.
+
+    Integer sums wrap modulo 2**bits as in jnp, whatever the order.
+    """
+    dtype = jnp.dtype(dtype)
+    if dtype in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+        return jnp.dtype(jnp.float32)
+    return dtype
+
+
+def rows_in_range(rows: jax.Array, num_rows: int) -> jax.Array:
+    """Which normalized rows point at a real row (skip markers do not)."""
+    ok = rows >= 0
+    if num_rows <= jnp.iinfo(rows.dtype).max:
+        ok &= rows < num_rows
+    return ok
+
+
+def gather_rows_reference(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """``x[rows[k]]`` for a 2-D ``x`` and normalized ``rows``; zeros where out of range."""
+    num_rows, width = x.shape
+    if num_rows == 0:
+        return jnp.zeros((rows.shape[0], width), x.dtype)
+    valid = rows_in_range(rows, num_rows)
+    picked = jnp.take(x, jnp.where(valid, rows, 0), axis=0, mode="clip")
+    return jnp.where(valid[:, None], picked, jnp.zeros((), x.dtype))
+
+
+def _segmented_add(left, right):
+    # Associative: a run restarts wherever the right operand starts a segment.
+    left_start, left_sum = left
+    right_start, right_sum = right
+    total = jnp.where(right_start[:, None], right_sum, left_sum + right_sum)
+    return left_start | right_start, total
+
+
+def combine_duplicates(
+    rows: jax.Array, values: jax.Array, num_rows: int, *, presorted: bool = False
+):
+    """Sums the ``(n, d)`` value rows of equal rows, in a fixed order.
+
+    Returns ``(rows, totals)``: ``rows`` ascending with every entry but the
+    last of each run replaced by :func:`skip_row`, and ``totals`` holding at
+    that last entry the sum of the run. The sum follows the fixed tree of a
+    parallel prefix scan (no atomics), so the same input always gives the same
+    bits. With ``presorted=True`` the rows are taken to ascend already.
+    """
+    if not presorted:
+        # Stable, so the order of equal rows (and hence the sum) is fixed.
+        rows, perm = lax.sort(
+            (rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1, is_stable=True
+        )
+        values = values[perm]
+    starts = jnp.concatenate([jnp.ones((1,), bool), rows[1:] != rows[:-1]])
+    _, totals = lax.associative_scan(_segmented_add, (starts, values))
+    last = jnp.concatenate([rows[:-1] != rows[1:], jnp.ones((1,), bool)])
+    return jnp.where(last, rows, skip_row(num_rows, rows.dtype)), totals
+
+
+def scatter_add_rows_reference(
+    x: jax.Array, rows: jax.Array, updates: jax.Array, *, unique: bool = False
+) -> jax.Array:
+    """``x[rows[k]] += updates[k]`` for a 2-D ``x`` and normalized ``rows``.
+
+    Duplicates are combined with :func:`combine_duplicates`, then each row is
+    read, added in :func:`add_accumulator_dtype` and rounded once, exactly as
+    the kernel does. Skip markers and other out-of-range rows are dropped.
+    """
+    num_rows = x.shape[0]
+    acc = add_accumulator_dtype(x.dtype)
+    values = updates.astype(acc)
+    if not unique and rows.shape[0] > 1:
+        rows, values = combine_duplicates(rows, values, num_rows)
+    summed = (gather_rows_reference(x, rows).astype(acc) + values).astype(x.dtype)
+    # Skip markers (past the end, or -1 for huge buffers) must be dropped, not wrapped.
+    return x.at[rows].set(
+        summed, mode="drop", unique_indices=True, wrap_negative_indices=False
+    )

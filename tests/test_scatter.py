@@ -326,4 +326,5 @@ def test_sort_threshold_never_changes_results(rng, backend, threshold, monkeypat
     from pallas_pinned import _scatter
 
     monkeypatch.setattr(_scatter, "SORT_MIN_UPDATES", threshold)
+    jax.clear_caches()  # The threshold is read while tracing.
     _run(rng, backend, ScatterSpec(300, (5,), "float32", 200, "random_unique"), unique_indices=True)
