@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 MODES = (None, "drop", "clip", "promise_in_bounds")
-BACKENDS = ("auto", "xla", "pallas", "interpret")
+BACKENDS = ("auto", "xla", "pallas", "triton", "interpret")
 
 # Element types the kernels store. Narrower and exotic types (int4, float8,
 # complex) are left out until a kernel test covers them.

@@ -83,7 +83,27 @@ def _needs_dedupe(cfg: _Config, num_updates: int) -> bool:
     return not cfg.ascending and cfg.coalesce and num_updates >= SORT_MIN_UPDATES
 
 
-def _kernel_path(x, rows, updates, cfg: _Config, *, interpret: bool):
+def _launch_pallas(x2d, rows, src, updates, *, check_bounds: bool, interpret: bool = False):
+    return scatter_pallas.scatter_rows(
+        x2d, rows, src, updates, check_bounds=check_bounds, interpret=interpret
+    )
+
+
+def _launch_triton(x2d, rows, src, updates, *, check_bounds: bool):
+    # Imported here: jax-triton and triton are an optional extra.
+    from pallas_pinned.kernels import scatter_triton
+
+    return scatter_triton.scatter_rows_triton(x2d, rows, src, updates, check_bounds=check_bounds)
+
+
+_LAUNCHERS = {
+    "pallas": _launch_pallas,
+    "interpret": functools.partial(_launch_pallas, interpret=True),
+    "triton": _launch_triton,
+}
+
+
+def _kernel_path(x, rows, updates, cfg: _Config, *, kernel: str):
     x_on_host = _on_host(x)
     rows, updates = _rows_and_updates(x, rows, updates, cfg)
     num_rows = x.shape[0]
@@ -92,7 +112,7 @@ def _kernel_path(x, rows, updates, cfg: _Config, *, interpret: bool):
     if dedupe:
         rows, src = dedupe_last_wins(rows, num_rows, presorted=cfg.ascending)
     x2d = x.reshape(num_rows, -1)
-    out = scatter_pallas.scatter_rows(
+    out = _LAUNCHERS[kernel](
         x2d,
         rows,
         src,
@@ -100,7 +120,6 @@ def _kernel_path(x, rows, updates, cfg: _Config, *, interpret: bool):
         # De-duplication marks superseded rows past the end: those must always
         # be masked, even when the caller promised in-bounds indices.
         check_bounds=dedupe or cfg.mode != "promise_in_bounds",
-        interpret=interpret,
     )
     if x_on_host:
         # pallas_call declares its outputs in device memory; the result is the
@@ -114,10 +133,8 @@ def _scatter_traced(x, rows, updates, cfg: _Config):
         return x
     if cfg.backend == "xla":
         return _xla_path(x, rows, updates, cfg)
-    if cfg.backend == "interpret":
-        return _kernel_path(x, rows, updates, cfg, interpret=True)
-    if cfg.backend == "pallas":
-        return _kernel_path(x, rows, updates, cfg, interpret=False)
+    if cfg.backend in _LAUNCHERS:
+        return _kernel_path(x, rows, updates, cfg, kernel=cfg.backend)
     # "auto": the kernel pays off only for host buffers of a CUDA GPU; device
     # memory is XLA's own scatter's home turf.
     if not _on_host(x) or not scatter_pallas.offsets_fit(x.shape, x.dtype):
@@ -126,7 +143,7 @@ def _scatter_traced(x, rows, updates, cfg: _Config):
         x,
         rows,
         updates,
-        cuda=functools.partial(_kernel_path, cfg=cfg, interpret=False),
+        cuda=functools.partial(_kernel_path, cfg=cfg, kernel="pallas"),
         default=functools.partial(_xla_path, cfg=cfg),
     )
 
@@ -202,9 +219,12 @@ def _scatter_donating(x, rows, updates, cfg: _Config):
 
 
 def _check_backend_available(x, backend: str) -> None:
-    if backend != "pallas":
+    if backend not in ("pallas", "triton"):
         return
-    if not scatter_pallas.offsets_fit(x.shape, x.dtype):
+    if backend == "triton":
+        # Raises ImportError naming the extra when jax-triton is missing.
+        from pallas_pinned.kernels import scatter_triton  # noqa: F401
+    elif not scatter_pallas.offsets_fit(x.shape, x.dtype):
         raise NotImplementedError(
             f"backend='pallas' cannot address a {x.dtype} buffer of {x.size} elements: Pallas "
             "uses 32-bit signed offsets for 1-byte buffers of 2-4 GiB; use backend='auto' "
@@ -217,8 +237,8 @@ def _check_backend_available(x, backend: str) -> None:
     )
     if platform != "gpu":
         raise NotImplementedError(
-            f"backend='pallas' compiles a Triton kernel and needs a CUDA GPU, but x is on "
-            f"{platform!r}; use backend='interpret' to run the kernel on CPU, or 'auto'"
+            f"backend={backend!r} compiles a Triton kernel and needs a CUDA GPU, but x is on "
+            f"{platform!r}; use backend='interpret' to run the Pallas kernel on CPU, or 'auto'"
         )
 
 
@@ -253,8 +273,10 @@ def scatter_to_host(
       unique_indices: promise that no row repeats (skips de-duplication).
       indices_are_sorted: promise that the normalized rows ascend (skips the sort).
       backend: ``"auto"`` (the kernel for host buffers on CUDA, XLA otherwise),
-        ``"pallas"`` (the kernel, CUDA only), ``"interpret"`` (the kernel in
-        Pallas interpret mode, any platform) or ``"xla"``.
+        ``"pallas"`` (the Pallas kernel, CUDA only), ``"triton"`` (the raw
+        Triton kernel through jax-triton, CUDA only, needs the ``triton``
+        extra), ``"interpret"`` (the Pallas kernel in interpret mode, any
+        platform) or ``"xla"``.
 
     Returns:
       The updated buffer, with ``x``'s device, sharding and memory kind.

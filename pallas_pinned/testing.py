@@ -137,6 +137,8 @@ def assert_same(actual, expected, *, what: str = "result", max_rows: int = 5) ->
         raise AssertionError(
             f"{what}: got {actual.dtype}{actual.shape}, expected {expected.dtype}{expected.shape}"
         )
+    if actual.size == 0:
+        return  # Same shape and dtype, nothing else to compare.
     a = actual.reshape(actual.shape[0], -1) if actual.ndim else actual.reshape(1, 1)
     e = expected.reshape(a.shape)
     # Compare bit patterns so that NaN == NaN and -0.0 != 0.0.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from pallas_pinned.testing import assert_same, scatter_oracle
 
@@ -40,3 +41,26 @@ def check_scatter(out, x0, indices, updates, mode=None, *, kind="pinned_host") -
     target = idx.shape + x0.shape[1:]
     upd = np.broadcast_to(np.asarray(updates), target).astype(x0.dtype)
     assert_same(read(out), scatter_oracle(x0, idx, upd, mode))
+
+
+def triton_available() -> bool:
+    try:
+        import pallas_pinned.kernels.scatter_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Every correctness case runs through each backend. "pallas" and "triton"
+# compile Triton kernels, so they exist on a GPU only; "triton" also needs
+# the optional jax-triton extra.
+PALLAS = pytest.param("pallas", marks=pytest.mark.gpu)
+TRITON = pytest.param(
+    "triton",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not triton_available(), reason="needs pallas-pinned[triton]"),
+    ],
+)
+BACKENDS = ["xla", "interpret", "auto", PALLAS, TRITON]
+KERNEL_BACKENDS = ["interpret", PALLAS, TRITON]

@@ -16,16 +16,8 @@ from jax import lax
 
 import pallas_pinned as pp
 from pallas_pinned.testing import ScatterSpec, make_indices, make_values
-from tests.helpers import check_scatter, gpu_available, put, read
+from tests.helpers import BACKENDS, KERNEL_BACKENDS, check_scatter, gpu_available, put, read
 
-# "pallas" compiles the Triton kernel, so it exists on a GPU only.
-BACKENDS = [
-    "xla",
-    "interpret",
-    "auto",
-    pytest.param("pallas", marks=pytest.mark.gpu),
-]
-KERNEL_BACKENDS = ["interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
 DTYPES = ["float32", "bfloat16", "float16", "int32", "int8", "uint8", "bool"]
 MODES = [None, "drop", "clip"]
 

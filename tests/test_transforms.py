@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from tests.helpers import put
+from tests.helpers import BACKENDS, put
 
-BACKENDS = ["xla", "interpret", "auto", pytest.param("pallas", marks=pytest.mark.gpu)]
 X0 = np.arange(12.0, dtype=np.float32).reshape(6, 2)
 WEIGHTS = jnp.arange(12.0, dtype=jnp.float32).reshape(6, 2) + 1
 
