@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One batched GPU session: install, GPU tests, benchmarks, notebooks; logs to $OUT.
+# Usage (on the H200, from the repository root):
+#   bash benchmarks/gpu_session.sh "tests quick notebooks"      # or "tests full"
+# jax-triton is carried as a wheel in .whl/ (the machine has no registry).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/pallas_pinned_out}
+mkdir -p "$OUT"
+stages=${1:-"tests quick"}
+log() { echo "== $* ($(date -u +%H:%M:%S))"; }
+
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+{
+  log versions
+  python3 -c "import sys, jax, jaxlib, triton; print('python', sys.version.split()[0], 'jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'triton', triton.__version__); import jax_triton; print('jax_triton', jax_triton.__version__)"
+  nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
+} 2>&1 | tee "$OUT/versions.log"
+
+for stage in $stages; do
+  case "$stage" in
+    tests)
+      log "pytest -m gpu"
+      timeout 330 python3 -m pytest tests -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 \
+        | tail -60 | tee "$OUT/gpu_tests.log" ;;
+    quick|full)
+      log "bench $stage"
+      flags=$([ "$stage" = quick ] && echo "--quick --big-buffer-gib 32" || echo "")
+      timeout 420 python3 benchmarks/bench_scatter.py $flags --out /tmp/bench_$stage \
+        > "$OUT/bench_$stage.log" 2>&1; echo "bench rc=$?"
+      tail -40 "$OUT/bench_$stage.log"
+      tar czf "$OUT/bench_$stage.tgz" -C /tmp/bench_$stage . ;;
+    notebooks)
+      mkdir -p /tmp/figs
+      for nb in notebooks/0*.ipynb; do
+        b=$(basename "$nb" .ipynb); log "notebook $b"
+        timeout 200 python3 notebooks/run_as_script.py "$nb" --figures /tmp/figs > "/tmp/figs/$b.log" 2>&1
+        echo "$b rc=$?"; tail -n 1 "/tmp/figs/$b.log"
+      done
+      grep -hE "triton custom calls|S\(5\)|copies|matches numpy|LIVE|update loop|Triton kernels|final buffer|median step" /tmp/figs/*.log | head -30
+      tar czf "$OUT/notebooks.tgz" -C /tmp/figs . ;;
+  esac
+done
+log done
