@@ -61,6 +61,7 @@ __all__ += [
     "gather_rows_reference",
     "rows_in_range",
     "scatter_add_rows_reference",
+    "segmented_prefix_sum",
 ]
 
 
@@ -93,12 +94,29 @@ def gather_rows_reference(x: jax.Array, rows: jax.Array) -> jax.Array:
     return jnp.where(valid[:, None], picked, jnp.zeros((), x.dtype))
 
 
-def _segmented_add(left, right):
-    # Associative: a run restarts wherever the right operand starts a segment.
-    left_start, left_sum = left
-    right_start, right_sum = right
-    total = jnp.where(right_start[:, None], right_sum, left_sum + right_sum)
-    return left_start | right_start, total
+def segmented_prefix_sum(run_ids: jax.Array, values: jax.Array) -> jax.Array:
+    """Inclusive prefix sums of the ``(n, d)`` values within runs of equal ``run_ids``.
+
+    ``run_ids`` must not decrease (each run is one contiguous stretch).
+    Log-step (Hillis-Steele) scan: step ``i`` adds the entry ``2**i`` places
+    back when it belongs to the same run. The order of additions depends on
+    ``n`` alone (no atomics), so the same input always gives the same bits;
+    as a loop it also compiles fast.
+    """
+    n = run_ids.shape[0]
+    zeros = jnp.zeros_like(values)
+
+    def add_from_behind(step, sums):
+        shift = jnp.left_shift(1, step)
+        behind = lax.dynamic_slice_in_dim(jnp.concatenate([zeros, sums]), n - shift, n)
+        # A run id below every real one marks "nothing that far back".
+        ids_behind = lax.dynamic_slice_in_dim(
+            jnp.concatenate([jnp.full_like(run_ids, -1), run_ids]), n - shift, n
+        )
+        same_run = ids_behind == run_ids
+        return jnp.where(same_run[:, None], sums + behind, sums)
+
+    return lax.fori_loop(0, max(0, (n - 1).bit_length()), add_from_behind, values)
 
 
 def combine_duplicates(
@@ -108,9 +126,9 @@ def combine_duplicates(
 
     Returns ``(rows, totals)``: ``rows`` ascending with every entry but the
     last of each run replaced by :func:`skip_row`, and ``totals`` holding at
-    that last entry the sum of the run. The sum follows the fixed tree of a
-    parallel prefix scan (no atomics), so the same input always gives the same
-    bits. With ``presorted=True`` the rows are taken to ascend already.
+    that last entry the sum of the run (see :func:`segmented_prefix_sum`: the
+    same input always gives the same bits). With ``presorted=True`` the rows
+    are taken to ascend already.
     """
     if not presorted:
         # Stable, so the order of equal rows (and hence the sum) is fixed.
@@ -118,9 +136,12 @@ def combine_duplicates(
             (rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1, is_stable=True
         )
         values = values[perm]
-    starts = jnp.concatenate([jnp.ones((1,), bool), rows[1:] != rows[:-1]])
-    _, totals = lax.associative_scan(_segmented_add, (starts, values))
-    last = jnp.concatenate([rows[:-1] != rows[1:], jnp.ones((1,), bool)])
+    changes = rows[1:] != rows[:-1]
+    # Runs are stretches of adjacent equal rows; should a broken "presorted"
+    # promise leave equal rows apart, they stay separate runs, never merged.
+    run_ids = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(changes, dtype=jnp.int32)])
+    totals = segmented_prefix_sum(run_ids, values)
+    last = jnp.concatenate([changes, jnp.ones((1,), bool)])
     return jnp.where(last, rows, skip_row(num_rows, rows.dtype)), totals
 
 
@@ -140,6 +161,4 @@ def scatter_add_rows_reference(
         rows, values = combine_duplicates(rows, values, num_rows)
     summed = (gather_rows_reference(x, rows).astype(acc) + values).astype(x.dtype)
     # Skip markers (past the end, or -1 for huge buffers) must be dropped, not wrapped.
-    return x.at[rows].set(
-        summed, mode="drop", unique_indices=True, wrap_negative_indices=False
-    )
+    return x.at[rows].set(summed, mode="drop", unique_indices=True, wrap_negative_indices=False)

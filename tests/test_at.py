@@ -1,0 +1,130 @@
+"""The jnp-style front end: ``at(x)[indices].set/add/get`` mirrors ``x.at[...]``."""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_pinned._at import at
+from pallas_pinned.testing import assert_same, make_values
+from tests.helpers import put, read
+
+BACKENDS = ["xla", "interpret", "auto", pytest.param("pallas", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _quarters(rng, shape):
+    # Exact in float32, so sums do not depend on their order.
+    return (rng.integers(-64, 64, size=shape) / 4 + 0.125).astype(np.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["device", "pinned_host"])
+def test_set_add_get_chain_matches_jnp(rng, backend, kind):
+    # One chain of all three, with duplicates, a negative and a dropped row.
+    x0 = _quarters(rng, (12, 3))
+    idx = jnp.array([[2, -1], [2, 40]])
+    y_set = _quarters(rng, (2, 2, 3))
+    y_add = _quarters(rng, (2, 2, 3))
+    x = put(x0, kind)
+    x = at(x)[idx].set(y_set, backend=backend)
+    x = at(x)[idx].add(y_add, backend=backend)
+    got = at(x)[idx].get(mode="fill", fill_value=-1.0, backend=backend)
+    assert x.sharding.memory_kind == kind
+    assert got.sharding.memory_kind == "device"
+
+    # jnp leaves the winner among duplicate .set rows unspecified; the last
+    # wins here: row 2 takes y_set[1, 0], row -1 y_set[0, 1]; row 40 is dropped.
+    expected = jnp.asarray(x0).at[jnp.array([2, -1])].set(y_set[[1, 0], [0, 1]])
+    expected = expected.at[idx].add(y_add)
+    assert_same(read(x), np.asarray(expected))
+    assert_same(read(got), np.asarray(expected.at[idx].get(mode="fill", fill_value=-1.0)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keywords_pass_through(rng, backend):
+    x0 = make_values(rng, (10, 2), "int32")
+    idx = np.array([1, 4, 12])
+    # mode, unique_indices and indices_are_sorted reach the ops.
+    out = at(put(x0))[idx].set(
+        7, mode="clip", unique_indices=True, indices_are_sorted=True, backend=backend
+    )
+    expected = x0.copy()
+    expected[[1, 4, 9]] = 7
+    assert_same(read(out), expected)
+    out = at(out)[idx].add(1, mode="drop", backend=backend)
+    expected[[1, 4]] += 1
+    assert_same(read(out), expected)
+    got = at(out)[idx].get(mode="fill", fill_value=-5, indices_are_sorted=True, backend=backend)
+    assert_same(read(got), np.array([expected[1], expected[4], [-5, -5]], np.int32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_index_forms(rng, backend):
+    x0 = make_values(rng, (20, 3), "float32")
+    x = put(x0)
+    assert_same(read(at(x)[3].get(backend=backend)), x0[3])  # int: row axis dropped
+    assert_same(read(at(x)[(3,)].get(backend=backend)), x0[3])  # 1-tuple, as jnp reads it
+    assert_same(read(at(x)[2:17:5].get(backend=backend)), x0[2:17:5])  # static slice
+    assert_same(read(at(x)[[1, 1, 0]].get(backend=backend)), x0[[1, 1, 0]])  # list
+    out = at(x)[::-4].set(0.5, backend=backend)
+    expected = x0.copy()
+    expected[::-4] = 0.5
+    assert_same(read(out), expected)
+
+
+def test_set_and_add_consume_x_get_keeps_it(rng):
+    x0 = make_values(rng, (6, 2), "float32")
+    x = put(x0)
+    at(x)[1].get()
+    assert not x.is_deleted()
+    at(x)[1].add(1.0)
+    assert x.is_deleted()
+    x = put(x0)
+    at(x)[1].set(1.0)
+    assert x.is_deleted()
+
+
+def test_under_jit_with_donation(rng):
+    x0 = _quarters(rng, (8, 4))
+
+    @jax.jit
+    def step(x, i, y):
+        x = at(x)[i].add(y)
+        return x, at(x)[i].get()
+
+    x, got = jax.jit(step, donate_argnums=(0,))(put(x0), jnp.array([0, 0, 5]), jnp.ones((3, 4)))
+    expected = x0.copy()
+    expected[0] += 2
+    expected[5] += 1
+    assert_same(read(x), expected)
+    assert_same(read(got), expected[[0, 0, 5]])
+
+
+def test_refusals_are_clear():
+    x = put(np.zeros((4, 2), np.float32))
+    with pytest.raises(NotImplementedError, match="only set, add and get"):
+        at(x)[1].mul(2.0)
+    with pytest.raises(AttributeError):
+        at(x)[1].no_such_method  # noqa: B018
+    with pytest.raises(NotImplementedError, match="Tuples"):  # several axes
+        at(x)[1, 0].get()
+    with pytest.raises(TypeError, match="fill"):  # a keyword the op does not take
+        at(x)[1].set(1.0, fill_value=0.0)
+    with pytest.raises(TypeError, match="bool"):
+        at(put(np.zeros(3, bool)))[0].add(True)
+    assert not x.is_deleted()
+
+
+def test_repr_names_the_buffer_and_index():
+    x = put(np.zeros((4, 2), np.float32))
+    assert "float32" in repr(at(x)) and "[4,2]" in repr(at(x))
+    assert repr(at(x)[1:3]).endswith("[slice(1, 3, None)]")
