@@ -14,7 +14,7 @@ from jax import lax
 
 from pallas_pinned._indexing import skip_row
 
-__all__ = ["dedupe_last_wins", "scatter_rows_reference"]
+__all__ = ["dedupe_last_wins", "drop_superseded_small", "scatter_rows_reference"]
 
 
 def dedupe_last_wins(rows: jax.Array, num_rows: int, *, presorted: bool = False):
@@ -34,6 +34,19 @@ def dedupe_last_wins(rows: jax.Array, num_rows: int, *, presorted: bool = False)
     superseded = jnp.concatenate([rows[:-1] == rows[1:], jnp.zeros((1,), bool)])
     rows = jnp.where(superseded, skip_row(num_rows, rows.dtype), rows)
     return rows, src
+
+
+def drop_superseded_small(rows: jax.Array, num_rows: int) -> jax.Array:
+    """Marks every row written again later as skipped, keeping the input order.
+
+    Same survivors as :func:`dedupe_last_wins` without a sort: an ``n x n``
+    comparison that XLA fuses with the index normalization, so for a handful
+    of updates no sort kernel is launched. Quadratic: small batches only.
+    """
+    n = rows.shape[0]
+    later = jnp.arange(n)[None, :] > jnp.arange(n)[:, None]
+    superseded = jnp.any((rows[:, None] == rows[None, :]) & later, axis=1)
+    return jnp.where(superseded, skip_row(num_rows, rows.dtype), rows)
 
 
 def scatter_rows_reference(
