@@ -103,7 +103,6 @@ def run_case(num_rows, width, n, host, device, reps, records):
     block = jax.device_put(np.ones((n, width), np.float32), host)
     to_device = lambda: jax.device_put(block, device).block_until_ready()  # noqa: E731
     record("gather_ceiling", _time(to_device, reps), None)
-    del block
 
     state = {"x": x}
     set_fn = jax.jit(lambda x, i, u: pp.scatter_to_host(x, i, u), donate_argnums=0)
@@ -129,7 +128,6 @@ def run_case(num_rows, width, n, host, device, reps, records):
             record("add_xla", _time(step(add_xla), max(3, reps // 3)), None)
         except Exception as err:
             print(f"add_xla failed: {type(err).__name__}: {str(err)[:200]}")
-    del state
 
 
 def main():
