@@ -1316,7 +1316,11 @@ def run_all(args, gpu, sweep, plan, sizes, names, probes) -> int:
     bad = [r for r in records if r["correct"] is False]
     for r in bad:
         print(f"INCORRECT: {r['provider']} on {r['case']}: {r['check'][:200]}")
-    return 1 if bad else 0
+    # Alternatives are reported, not failed: XLA's scatter with repeated rows
+    # was seen (H200, 2026-12-02) to leave rows mixing elements of different
+    # updates, which jnp's unspecified duplicate order allows. Only a wrong
+    # result from our own providers makes the run fail.
+    return 1 if any(r["provider"].startswith("ours") for r in bad) else 0
 
 
 CSV_LEADING = ["case", "provider", "pattern", "dtype", "row_bytes", "n_updates", "median_s",
