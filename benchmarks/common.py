@@ -383,6 +383,10 @@ def _plot_one(plt, group: list[dict], ceiling: str, title: str, path: Path) -> N
     counts = sorted({r["n_updates"] for r in group})
     fig, axes = plt.subplots(2, len(counts), figsize=(4.2 * len(counts), 7), squeeze=False)
     providers = sorted({r["provider"] for r in group}, key=lambda p: (p == ceiling, p))
+    # One colour per provider for the whole figure: panels lack some
+    # providers, and matplotlib's colour cycle would otherwise shift.
+    palette = plt.get_cmap("tab20").colors
+    colours = {p: palette[i % len(palette)] for i, p in enumerate(providers)}
     for col, n in enumerate(counts):
         for row, (metric, label) in enumerate((("gbps", "GB/s"), ("updates_per_s", "updates/s"))):
             ax = axes[row][col]
@@ -395,7 +399,10 @@ def _plot_one(plt, group: list[dict], ceiling: str, title: str, path: Path) -> N
                     continue
                 xs, ys = zip(*pts, strict=True)
                 style = {"color": "black", "linestyle": "--", "marker": "x"} if (
-                    provider == ceiling) else {"marker": "o"}
+                    provider == ceiling) else {"marker": "o", "color": colours[provider],
+                                               "linewidth": 1.2, "markersize": 4}
+                if provider == "ours":  # The line the figure is about: on top.
+                    style.update(color="black", linewidth=2.5, markersize=6, zorder=10)
                 ax.plot(xs, ys, label=provider, **style)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -403,8 +410,12 @@ def _plot_one(plt, group: list[dict], ceiling: str, title: str, path: Path) -> N
             ax.set_ylabel(label)
             ax.set_title(f"n = {format_count(n)}")
             ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    handles = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="upper right", fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
