@@ -13,6 +13,7 @@ from jax import lax
 
 from pallas_pinned import _indexing
 from pallas_pinned._gather import _dispatch_gather, _xla_gather
+from pallas_pinned._in_place import in_place_op
 from pallas_pinned._scatter import (
     _check_backend_available,
     _on_host,
@@ -136,46 +137,8 @@ def _add_traced(x, rows, updates, cfg: _AddConfig):
 
 # --- transformations: grad w.r.t. updates, clear refusals otherwise ----------
 
-_VMAP_MESSAGE = (
-    "scatter_add_to_host does not support jax.vmap: it updates one buffer in place. Fold a "
-    "batch of index/update sets into one call, scatter_add_to_host(x, indices.reshape(-1), "
-    "updates.reshape((-1,) + x.shape[1:])) (all sets are added), or loop over buffers with "
-    "lax.fori_loop / lax.scan"
-)
-_BUFFER_GRAD_MESSAGE = (
-    "scatter_add_to_host is not differentiable with respect to the buffer x: its cotangent "
-    "would be a second buffer of x's full size. Differentiate with respect to updates only, "
-    "and wrap the buffer in jax.lax.stop_gradient(x) if it is derived from differentiated values"
-)
 
-
-@functools.cache
-def _no_vmap(cfg: _AddConfig):
-    @jax.custom_batching.custom_vmap
-    def scatter_add(x, rows, updates):
-        return _add_traced(x, rows, updates, cfg)
-
-    @scatter_add.def_vmap
-    def _reject(axis_size, in_batched, *args):
-        raise NotImplementedError(_VMAP_MESSAGE)
-
-    return scatter_add
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _add_op(x, rows, updates, cfg: _AddConfig):
-    return _no_vmap(cfg)(x, rows, updates)
-
-
-def _add_op_fwd(x, rows, updates, cfg: _AddConfig):
-    # symbolic_zeros: each argument says whether it is being differentiated.
-    if x.perturbed:
-        raise TypeError(_BUFFER_GRAD_MESSAGE)
-    out = _no_vmap(cfg)(x.value, rows.value, updates.value)
-    return out, (x.value.shape, rows.value, updates.value)
-
-
-def _add_op_bwd(cfg: _AddConfig, residuals, cotangent):
+def _updates_vjp(cfg: _AddConfig, residuals, cotangent):
     shape, rows, updates = residuals
     num_rows = shape[0]
     # d out[rows[k]] / d updates[k] = 1 for every update that lands (all of
@@ -193,10 +156,12 @@ def _add_op_bwd(cfg: _AddConfig, residuals, cotangent):
         lambda u: jnp.broadcast_to(u.astype(cotangent.dtype), picked.shape), updates
     )
     (updates_cotangent,) = to_updates(picked)
-    return None, None, updates_cotangent
+    return updates_cotangent
 
 
-_add_op.defvjp(_add_op_fwd, _add_op_bwd, symbolic_zeros=True)
+_add_op = in_place_op(
+    _add_traced, _updates_vjp, op_name="scatter_add_to_host", batch_effect="all sets are added"
+)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnums=(0,))

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_pinned import _indexing
+from pallas_pinned._in_place import in_place_op
 from pallas_pinned.kernels import scatter_pallas
 from pallas_pinned.reference import (
     dedupe_last_wins,
@@ -157,44 +158,6 @@ def _scatter_traced(x, rows, updates, cfg: _Config):
     )
 
 
-_VMAP_MESSAGE = (
-    "scatter_to_host does not support jax.vmap: it updates one buffer in place. Fold a batch "
-    "of index/update sets into one call, scatter_to_host(x, indices.reshape(-1), "
-    "updates.reshape((-1,) + x.shape[1:])) (later sets win), or loop over buffers with "
-    "lax.fori_loop / lax.scan"
-)
-_BUFFER_GRAD_MESSAGE = (
-    "scatter_to_host is not differentiable with respect to the buffer x: its cotangent would be "
-    "a second buffer of x's full size. Differentiate with respect to updates only, and wrap the "
-    "buffer in jax.lax.stop_gradient(x) if it is derived from differentiated values"
-)
-
-
-def _no_vmap(cfg: _Config):
-    @jax.custom_batching.custom_vmap
-    def scatter(x, rows, updates):
-        return _scatter_traced(x, rows, updates, cfg)
-
-    @scatter.def_vmap
-    def _reject(axis_size, in_batched, *args):
-        raise NotImplementedError(_VMAP_MESSAGE)
-
-    return scatter
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _scatter_op(x, rows, updates, cfg: _Config):
-    return _no_vmap(cfg)(x, rows, updates)
-
-
-def _scatter_op_fwd(x, rows, updates, cfg: _Config):
-    # symbolic_zeros: each argument says whether it is being differentiated.
-    if x.perturbed:
-        raise TypeError(_BUFFER_GRAD_MESSAGE)
-    out = _no_vmap(cfg)(x.value, rows.value, updates.value)
-    return out, (x.value.shape, rows.value, updates.value)
-
-
 def _winning_rows(rows, cfg: _Config, num_rows: int):
     """Normalized rows, and which positions' updates survive in the result."""
     rows = _indexing.normalize_rows(_to_device_memory(rows), num_rows, cfg.mode)
@@ -204,7 +167,7 @@ def _winning_rows(rows, cfg: _Config, num_rows: int):
     return jnp.clip(rows, 0, num_rows - 1), survives
 
 
-def _scatter_op_bwd(cfg: _Config, residuals, cotangent):
+def _updates_vjp(cfg: _Config, residuals, cotangent):
     shape, rows, updates = residuals
     num_rows = shape[0]
     safe_rows, survives = _winning_rows(rows, cfg, num_rows)
@@ -216,10 +179,12 @@ def _scatter_op_bwd(cfg: _Config, residuals, cotangent):
         lambda u: jnp.broadcast_to(u.astype(cotangent.dtype), picked.shape), updates
     )
     (updates_cotangent,) = to_updates(picked)
-    return None, None, updates_cotangent
+    return updates_cotangent
 
 
-_scatter_op.defvjp(_scatter_op_fwd, _scatter_op_bwd, symbolic_zeros=True)
+_scatter_op = in_place_op(
+    _scatter_traced, _updates_vjp, op_name="scatter_to_host", batch_effect="later sets win"
+)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnums=(0,))

@@ -1,0 +1,74 @@
+"""The transformation rules shared by the ops that update a buffer in place.
+
+``scatter_to_host`` and ``scatter_add_to_host`` both write into ``x`` through
+an aliased kernel, so both refuse ``jax.vmap`` (there is one buffer) and a
+gradient with respect to ``x`` (its cotangent would be a second buffer of the
+same size), and differentiate with respect to ``updates`` by a rule of their
+own. This module builds that wrapper once for both.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+
+
+def _vmap_message(op_name: str, batch_effect: str) -> str:
+    return (
+        f"{op_name} does not support jax.vmap: it updates one buffer in place. Fold a batch "
+        f"of index/update sets into one call, {op_name}(x, indices.reshape(-1), "
+        f"updates.reshape((-1,) + x.shape[1:])) ({batch_effect}), or loop over buffers with "
+        "lax.fori_loop / lax.scan"
+    )
+
+
+def _buffer_grad_message(op_name: str) -> str:
+    return (
+        f"{op_name} is not differentiable with respect to the buffer x: its cotangent would be "
+        "a second buffer of x's full size. Differentiate with respect to updates only, and wrap "
+        "the buffer in jax.lax.stop_gradient(x) if it is derived from differentiated values"
+    )
+
+
+def in_place_op(
+    traced: Callable, updates_vjp: Callable, *, op_name: str, batch_effect: str
+) -> Callable:
+    """Wraps ``traced(x, rows, updates, cfg)`` with the rules above.
+
+    ``updates_vjp(cfg, (x_shape, rows, updates), cotangent)`` returns the
+    cotangent of ``updates``. The returned ``op(x, rows, updates, cfg)`` takes
+    ``cfg`` as a static (hashable) argument.
+    """
+    vmap_message = _vmap_message(op_name, batch_effect)
+    grad_message = _buffer_grad_message(op_name)
+
+    @functools.cache
+    def without_vmap(cfg):
+        @jax.custom_batching.custom_vmap
+        def call(x, rows, updates):
+            return traced(x, rows, updates, cfg)
+
+        @call.def_vmap
+        def _reject(axis_size, in_batched, *args):
+            raise NotImplementedError(vmap_message)
+
+        return call
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+    def op(x, rows, updates, cfg):
+        return without_vmap(cfg)(x, rows, updates)
+
+    def fwd(x, rows, updates, cfg):
+        # symbolic_zeros: each argument says whether it is being differentiated.
+        if x.perturbed:
+            raise TypeError(grad_message)
+        out = without_vmap(cfg)(x.value, rows.value, updates.value)
+        return out, (x.value.shape, rows.value, updates.value)
+
+    def bwd(cfg, residuals, cotangent):
+        return None, None, updates_vjp(cfg, residuals, cotangent)
+
+    op.defvjp(fwd, bwd, symbolic_zeros=True)
+    return op
