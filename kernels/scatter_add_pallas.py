@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from .scatter_pallas import ScatterTiling, choose_scatter_tiling
+from .scatter_pallas import ScatterTiling, call_row_kernel, choose_scatter_tiling
 
 __all__ = ["choose_scatter_add_tiling", "scatter_add_rows", "scatter_add_rows_kernel"]
 
@@ -122,22 +122,13 @@ def scatter_add_rows(
         check_bounds=check_bounds,
         acc_dtype=acc_dtype,
     )
-    grid = (pl.cdiv(num_updates, tiling.block_rows), pl.cdiv(row_width, tiling.block_cols))
-    any_spec = pl.BlockSpec(memory_space=pl.ANY)
-    if src is None:
-        body = lambda r, u, xi, xo: kernel(r, None, u, xi, xo)  # noqa: E731
-        operands = (rows, updates, x)
-    else:
-        body = kernel
-        operands = (rows, src, updates, x)
-    return pl.pallas_call(
-        body,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        grid=grid,
-        in_specs=[any_spec] * len(operands),
-        out_specs=any_spec,
-        input_output_aliases={len(operands) - 1: 0},
-        compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=1),
+    return call_row_kernel(
+        kernel,
+        x,
+        rows,
+        src,
+        updates,
+        tiling=tiling,
         interpret=interpret,
         name="pallas_pinned_scatter_add_rows",
-    )(*operands)
+    )

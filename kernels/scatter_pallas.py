@@ -34,6 +34,7 @@ from jax.experimental.pallas import triton as plgpu
 
 __all__ = [
     "ScatterTiling",
+    "call_row_kernel",
     "offsets_fit",
     "choose_scatter_tiling",
     "scatter_rows",
@@ -152,7 +153,26 @@ def scatter_rows(
         block_cols=tiling.block_cols,
         check_bounds=check_bounds,
     )
-    grid = (pl.cdiv(num_updates, tiling.block_rows), pl.cdiv(row_width, tiling.block_cols))
+    return call_row_kernel(
+        kernel,
+        x,
+        rows,
+        src,
+        updates,
+        tiling=tiling,
+        interpret=interpret,
+        name="pallas_pinned_scatter_rows",
+    )
+
+
+def call_row_kernel(kernel, x, rows, src, updates, *, tiling, interpret, name):
+    """Launches a ``kernel(rows, src, updates, x_in, x_out)`` tile by tile.
+
+    Every operand stays in its own memory space (``pl.ANY``: the kernel does
+    its own addressing), and ``x`` is aliased to the only output, so for a
+    pinned ``x`` the kernel writes host memory in place.
+    """
+    grid = (pl.cdiv(rows.shape[0], tiling.block_rows), pl.cdiv(x.shape[1], tiling.block_cols))
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     if src is None:
         # pallas_call needs arrays, so a missing permutation is bound as None
@@ -171,5 +191,5 @@ def scatter_rows(
         input_output_aliases={len(operands) - 1: 0},
         compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=1),
         interpret=interpret,
-        name="pallas_pinned_scatter_rows",
+        name=name,
     )(*operands)
