@@ -34,6 +34,9 @@ for stage in $stages; do
         > "$OUT/bench_$stage.log" 2>&1; echo "bench rc=$?"
       tail -40 "$OUT/bench_$stage.log"
       tar czf "$OUT/bench_$stage.tgz" -C /tmp/bench_$stage . ;;
+    demo)
+      log "python -m pallas_pinned"
+      timeout 200 python3 -m pallas_pinned 2>&1 | tee "$OUT/demo.log"; echo "demo rc=$?" ;;
     gatheradd)
       log "bench gather/add"
       timeout 200 python3 benchmarks/bench_gather_add.py --out "$OUT" 2>&1 | tee "$OUT/bench_gather_add.log" | tail -30 ;;
