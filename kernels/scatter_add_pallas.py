@@ -25,10 +25,15 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from .scatter_pallas import ScatterTiling, call_row_kernel, choose_scatter_tiling
+from .scatter_pallas import (
+    ScatterTiling,
+    call_row_kernel,
+    choose_scatter_tiling,
+    skip_row,
+    tile_lanes,
+)
 
 __all__ = ["choose_scatter_add_tiling", "scatter_add_rows", "scatter_add_rows_kernel"]
 
@@ -39,11 +44,6 @@ def choose_scatter_add_tiling(n: int, d: int, itemsize: int) -> ScatterTiling:
     The scatter heuristic for now; results never depend on the tiling.
     """
     return choose_scatter_tiling(n, d, itemsize)
-
-
-def _skip_row(num_rows: int, dtype) -> int:
-    # One past the end when it is representable; interpret mode drops it.
-    return num_rows if num_rows <= jnp.iinfo(dtype).max else -1
 
 
 def scatter_add_rows_kernel(
@@ -65,21 +65,19 @@ def scatter_add_rows_kernel(
     # Aliased to x_out_ref: the same buffer. Reading through the output ref
     # is what interpret mode also supports (it seeds the output with x).
     del x_in_ref
-    k = pl.program_id(0) * block_rows + jnp.arange(block_rows)
-    cols = pl.program_id(1) * block_cols + jnp.arange(block_cols)
-    k_ok = k < num_updates
-    cols_ok = cols < row_width
-    rows = plgpu.load(rows_ref.at[k], mask=k_ok, other=-1)
-    src = k if src_ref is None else plgpu.load(src_ref.at[k], mask=k_ok, other=0)
-    row_ok = k_ok
-    if check_bounds:
-        row_ok = row_ok & (rows >= 0)
-        if num_rows <= jnp.iinfo(rows.dtype).max:
-            row_ok = row_ok & (rows < num_rows)
-    mask = row_ok[:, None] & cols_ok[None, :]
+    rows, src, cols, row_ok, mask = tile_lanes(
+        rows_ref,
+        src_ref,
+        num_updates=num_updates,
+        num_rows=num_rows,
+        row_width=row_width,
+        block_rows=block_rows,
+        block_cols=block_cols,
+        check_bounds=check_bounds,
+    )
     # Masked-off lanes point past the end, never at a real element (see the
     # scatter kernel: interpret mode writes old values back on masked lanes).
-    dest = jnp.where(row_ok, rows, _skip_row(num_rows, rows.dtype))
+    dest = jnp.where(row_ok, rows, skip_row(num_rows, rows.dtype))
     addend = plgpu.load(updates_ref.at[src[:, None], cols[None, :]], mask=mask, other=0)
     current = plgpu.load(x_out_ref.at[dest[:, None], cols[None, :]], mask=mask, other=0)
     total = current.astype(acc_dtype) + addend.astype(acc_dtype)

@@ -39,6 +39,8 @@ __all__ = [
     "choose_scatter_tiling",
     "scatter_rows",
     "scatter_rows_kernel",
+    "skip_row",
+    "tile_lanes",
 ]
 
 # A tile moves about this many bytes: enough independent stores per program
@@ -84,9 +86,33 @@ def choose_scatter_tiling(n: int, d: int, itemsize: int) -> ScatterTiling:
     return ScatterTiling(block_rows, block_cols, num_warps)
 
 
-def _skip_row(num_rows: int, dtype) -> int:
+def skip_row(num_rows: int, dtype) -> int:
     # One past the end when it is representable; interpret mode drops it.
     return num_rows if num_rows <= jnp.iinfo(dtype).max else -1
+
+
+def tile_lanes(
+    rows_ref, src_ref, *, num_updates, num_rows, row_width, block_rows, block_cols, check_bounds
+):
+    """This program's tile: its destination rows, source rows and masks.
+
+    Returns ``(rows, src, cols, row_ok, mask)``: ``row_ok`` marks update
+    slots that exist and (with ``check_bounds``) point inside the buffer;
+    ``mask`` is ``row_ok`` crossed with the columns inside the row.
+    """
+    k = pl.program_id(0) * block_rows + jnp.arange(block_rows)
+    cols = pl.program_id(1) * block_cols + jnp.arange(block_cols)
+    k_ok = k < num_updates
+    cols_ok = cols < row_width
+    rows = plgpu.load(rows_ref.at[k], mask=k_ok, other=-1)
+    src = k if src_ref is None else plgpu.load(src_ref.at[k], mask=k_ok, other=0)
+    row_ok = k_ok
+    if check_bounds:
+        row_ok = row_ok & (rows >= 0)
+        if num_rows <= jnp.iinfo(rows.dtype).max:
+            row_ok = row_ok & (rows < num_rows)
+    mask = row_ok[:, None] & cols_ok[None, :]
+    return rows, src, cols, row_ok, mask
 
 
 def scatter_rows_kernel(
@@ -105,23 +131,21 @@ def scatter_rows_kernel(
 ):
     """Writes one ``block_rows x block_cols`` tile of update rows into ``x``."""
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
-    k = pl.program_id(0) * block_rows + jnp.arange(block_rows)
-    cols = pl.program_id(1) * block_cols + jnp.arange(block_cols)
-    k_ok = k < num_updates
-    cols_ok = cols < row_width
-    rows = plgpu.load(rows_ref.at[k], mask=k_ok, other=-1)
-    src = k if src_ref is None else plgpu.load(src_ref.at[k], mask=k_ok, other=0)
-    row_ok = k_ok
-    if check_bounds:
-        row_ok = row_ok & (rows >= 0)
-        if num_rows <= jnp.iinfo(rows.dtype).max:
-            row_ok = row_ok & (rows < num_rows)
-    mask = row_ok[:, None] & cols_ok[None, :]
+    rows, src, cols, row_ok, mask = tile_lanes(
+        rows_ref,
+        src_ref,
+        num_updates=num_updates,
+        num_rows=num_rows,
+        row_width=row_width,
+        block_rows=block_rows,
+        block_cols=block_cols,
+        check_bounds=check_bounds,
+    )
     values = plgpu.load(updates_ref.at[src[:, None], cols[None, :]], mask=mask)
     # Masked-off lanes point past the end, never at a real element: interpret
     # mode emulates a masked store with a scatter that writes back the old
     # value, which would race a real write to the same element.
-    dest = jnp.where(row_ok, rows, _skip_row(num_rows, rows.dtype))
+    dest = jnp.where(row_ok, rows, skip_row(num_rows, rows.dtype))
     plgpu.store(x_out_ref.at[dest[:, None], cols[None, :]], values, mask=mask)
 
 
