@@ -13,7 +13,7 @@ from jax import lax
 
 from pallas_pinned import _indexing
 from pallas_pinned._gather import _dispatch_gather, _xla_gather
-from pallas_pinned._in_place import in_place_op
+from pallas_pinned._in_place import in_place_op, transpose_to_updates
 from pallas_pinned._scatter import (
     _check_backend_available,
     _on_host,
@@ -151,12 +151,7 @@ def _updates_vjp(cfg: _AddConfig, residuals, cotangent):
     )
     picked = jax.device_put(picked, jax.memory.Space.Device)
     picked = picked.reshape(cfg.index_shape + tuple(shape[1:]))
-    # Transpose the broadcast and the cast that the forward applied to updates.
-    _, to_updates = jax.vjp(
-        lambda u: jnp.broadcast_to(u.astype(cotangent.dtype), picked.shape), updates
-    )
-    (updates_cotangent,) = to_updates(picked)
-    return updates_cotangent
+    return transpose_to_updates(picked, updates)
 
 
 _add_op = in_place_op(

@@ -13,6 +13,7 @@ import functools
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 
 
 def _vmap_message(op_name: str, batch_effect: str) -> str:
@@ -72,3 +73,17 @@ def in_place_op(
 
     op.defvjp(fwd, bwd, symbolic_zeros=True)
     return op
+
+
+def transpose_to_updates(picked: jax.Array, updates: jax.Array) -> jax.Array:
+    """Cotangent of ``updates`` from the per-row cotangent ``picked``.
+
+    The forward cast ``updates`` to the buffer's dtype and broadcast it to
+    ``picked.shape``; this applies the transpose of both (sums over broadcast
+    axes, casts back).
+    """
+    _, to_updates = jax.vjp(
+        lambda u: jnp.broadcast_to(u.astype(picked.dtype), picked.shape), updates
+    )
+    (cotangent,) = to_updates(picked)
+    return cotangent

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_pinned import _indexing
-from pallas_pinned._in_place import in_place_op
+from pallas_pinned._in_place import in_place_op, transpose_to_updates
 from pallas_pinned.kernels import scatter_pallas
 from pallas_pinned.reference import (
     dedupe_last_wins,
@@ -174,12 +174,7 @@ def _updates_vjp(cfg: _Config, residuals, cotangent):
     flat = _to_device_memory(cotangent).reshape(num_rows, -1)
     picked = jnp.where(survives[:, None], flat[safe_rows], 0)
     picked = picked.reshape(cfg.index_shape + tuple(shape[1:]))
-    # Transpose the broadcast and the cast that the forward applied to updates.
-    _, to_updates = jax.vjp(
-        lambda u: jnp.broadcast_to(u.astype(cotangent.dtype), picked.shape), updates
-    )
-    (updates_cotangent,) = to_updates(picked)
-    return updates_cotangent
+    return transpose_to_updates(picked, updates)
 
 
 _scatter_op = in_place_op(
