@@ -159,11 +159,6 @@ _add_op = in_place_op(
 )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnums=(0,))
-def _add_donating(x, rows, updates, cfg: _AddConfig):
-    return _add_op(x, rows, updates, cfg)
-
-
 # --- validation and the public op --------------------------------------------
 
 
@@ -252,10 +247,4 @@ def scatter_add_to_host(
         backend=backend,
         sort_min=SORT_MIN_ADDS,
     )
-    if not isinstance(updates, jax.Array | jax.core.Tracer):
-        updates = jnp.asarray(updates)  # custom_vjp wants arrays, not Python scalars.
-    if isinstance(x, jax.core.Tracer):
-        return _add_op(x, index.rows, updates, cfg)
-    if math.prod(index.shape) == 0 or x.size == 0:
-        return x  # Nothing to add; the buffer stays as it is.
-    return _add_donating(x, index.rows, updates, cfg)
+    return _add_op(x, index.rows, updates, cfg)

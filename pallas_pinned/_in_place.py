@@ -10,6 +10,7 @@ own. This module builds that wrapper once for both.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import jax
@@ -39,8 +40,10 @@ def in_place_op(
     """Wraps ``traced(x, rows, updates, cfg)`` with the rules above.
 
     ``updates_vjp(cfg, (x_shape, rows, updates), cotangent)`` returns the
-    cotangent of ``updates``. The returned ``op(x, rows, updates, cfg)`` takes
-    ``cfg`` as a static (hashable) argument.
+    cotangent of ``updates``. The returned ``apply(x, rows, updates, cfg)``
+    takes a static (hashable) ``cfg`` with an ``index_shape``: inside a trace
+    it stages the op; outside, it runs it in place and consumes ``x`` (as if
+    donated), or returns ``x`` untouched when there is nothing to write.
     """
     vmap_message = _vmap_message(op_name, batch_effect)
     grad_message = _buffer_grad_message(op_name)
@@ -72,7 +75,18 @@ def in_place_op(
         return None, None, updates_vjp(cfg, residuals, cotangent)
 
     op.defvjp(fwd, bwd, symbolic_zeros=True)
-    return op
+    donating = jax.jit(op, static_argnums=(3,), donate_argnums=(0,))
+
+    def apply(x, rows, updates, cfg):
+        if not isinstance(updates, jax.Array | jax.core.Tracer):
+            updates = jnp.asarray(updates)  # custom_vjp wants arrays, not Python scalars.
+        if isinstance(x, jax.core.Tracer):
+            return op(x, rows, updates, cfg)
+        if math.prod(cfg.index_shape) == 0 or x.size == 0:
+            return x  # Nothing to write; the buffer stays as it is.
+        return donating(x, rows, updates, cfg)
+
+    return apply
 
 
 def transpose_to_updates(picked: jax.Array, updates: jax.Array) -> jax.Array:

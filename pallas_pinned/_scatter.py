@@ -182,11 +182,6 @@ _scatter_op = in_place_op(
 )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnums=(0,))
-def _scatter_donating(x, rows, updates, cfg: _Config):
-    return _scatter_op(x, rows, updates, cfg)
-
-
 def _check_backend_available(x, backend: str) -> None:
     if backend not in ("pallas", "triton"):
         return
@@ -271,10 +266,4 @@ def scatter_to_host(
         ascending=bool(indices_are_sorted) or index.ascending,
         backend=backend,
     )
-    if not isinstance(updates, jax.Array | jax.core.Tracer):
-        updates = jnp.asarray(updates)  # custom_vjp wants arrays, not Python scalars.
-    if isinstance(x, jax.core.Tracer):
-        return _scatter_op(x, index.rows, updates, cfg)
-    if math.prod(index.shape) == 0 or x.size == 0:
-        return x  # Nothing to write; the buffer stays as it is.
-    return _scatter_donating(x, index.rows, updates, cfg)
+    return _scatter_op(x, index.rows, updates, cfg)
