@@ -1,22 +1,14 @@
-"""Pallas (Triton backend) kernel that adds rows into a buffer in place.
+"""Pallas kernel that adds rows into a buffer in place: ``x[rows[k]] += updates[src[k]]``.
 
-Same layout and launch as :mod:`scatter_pallas` (the buffer ``x`` is aliased
+Same operands and launch as :mod:`.scatter_pallas` (the buffer ``x`` is aliased
 to the only output, so a ``pinned_host`` buffer is read and written over PCIe
-and never copied), except that each program reads the destination rows,
-adds the update rows in an accumulator type and writes the sums back.
+and never copied), except that each program reads the destination rows, adds
+the update rows in an accumulator type and writes the sums back, rounded once.
 
 The caller must make the valid rows distinct (duplicates are combined on the
 device first): programs run in parallel, and two read-add-write sequences on
-the same row would lose one of the additions.
-
-* ``rows``  ``(n,)`` int: destination row of each update, ascending after
-  coalescing. Rows outside ``[0, num_rows)`` are skipped unless
-  ``check_bounds=False``.
-* ``src``   ``(n,)`` int32, optional: which row of ``updates`` goes to
-  ``rows[k]``; ``None`` means ``k`` itself.
-* ``updates`` ``(m, d)``: update rows in device memory, ``x.dtype`` or the
-  accumulator type.
-* ``x``     ``(num_rows, d)``: the buffer, any memory space.
+the same row would lose one of the additions. ``updates`` may be of
+``x.dtype`` or of the accumulator type.
 """
 
 from __future__ import annotations
@@ -27,23 +19,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as plgpu
 
-from .scatter_pallas import (
-    ScatterTiling,
-    call_row_kernel,
-    choose_scatter_tiling,
-    skip_row,
-    tile_lanes,
-)
+from .pallas_common import RowTiling, call_row_kernel, choose_row_tiling, skip_row, tile_lanes
 
-__all__ = ["choose_scatter_add_tiling", "scatter_add_rows", "scatter_add_rows_kernel"]
-
-
-def choose_scatter_add_tiling(n: int, d: int, itemsize: int) -> ScatterTiling:
-    """Tile sizes for ``n`` read-add-write rows of ``d`` elements.
-
-    The scatter heuristic for now; results never depend on the tiling.
-    """
-    return choose_scatter_tiling(n, d, itemsize)
+__all__ = ["scatter_add_rows", "scatter_add_rows_kernel"]
 
 
 def scatter_add_rows_kernel(
@@ -65,10 +43,10 @@ def scatter_add_rows_kernel(
     # Aliased to x_out_ref: the same buffer. Reading through the output ref
     # is what interpret mode also supports (it seeds the output with x).
     del x_in_ref
-    rows, src, cols, row_ok, mask = tile_lanes(
+    tile = tile_lanes(
         rows_ref,
         src_ref,
-        num_updates=num_updates,
+        num_entries=num_updates,
         num_rows=num_rows,
         row_width=row_width,
         block_rows=block_rows,
@@ -77,13 +55,13 @@ def scatter_add_rows_kernel(
     )
     # Masked-off lanes point past the end, never at a real element (see the
     # scatter kernel: interpret mode writes old values back on masked lanes).
-    dest = jnp.where(row_ok, rows, skip_row(num_rows, rows.dtype))
-    addend = plgpu.load(updates_ref.at[src[:, None], cols[None, :]], mask=mask, other=0)
-    current = plgpu.load(x_out_ref.at[dest[:, None], cols[None, :]], mask=mask, other=0)
+    dest = jnp.where(tile.row_ok, tile.rows, skip_row(num_rows, tile.rows.dtype))
+    source = updates_ref.at[tile.order[:, None], tile.cols[None, :]]
+    target = x_out_ref.at[dest[:, None], tile.cols[None, :]]
+    addend = plgpu.load(source, mask=tile.mask, other=0)
+    current = plgpu.load(target, mask=tile.mask, other=0)
     total = current.astype(acc_dtype) + addend.astype(acc_dtype)
-    plgpu.store(
-        x_out_ref.at[dest[:, None], cols[None, :]], total.astype(x_out_ref.dtype), mask=mask
-    )
+    plgpu.store(target, total.astype(x_out_ref.dtype), mask=tile.mask)
 
 
 def scatter_add_rows(
@@ -94,22 +72,18 @@ def scatter_add_rows(
     *,
     acc_dtype=None,
     check_bounds: bool = True,
-    tiling: ScatterTiling | None = None,
+    tiling: RowTiling | None = None,
     interpret: bool = False,
 ) -> jax.Array:
-    """Builds and calls the kernel: ``x[rows[k]] += updates[src[k]]``.
+    """Builds and calls the kernel; sums in ``acc_dtype`` (default ``x.dtype``).
 
-    ``x`` must be 2-D ``(num_rows, d)`` and ``updates`` ``(m, d)``; the sum is
-    formed in ``acc_dtype`` (default ``x.dtype``) and rounded to ``x.dtype``
-    once. Valid rows must be distinct. Meant to be traced inside a ``jit``:
-    the result aliases ``x``.
+    Traced inside a ``jit``: the result aliases ``x``.
     """
     num_rows, row_width = x.shape
     (num_updates,) = rows.shape
     acc_dtype = jnp.dtype(x.dtype if acc_dtype is None else acc_dtype)
-    if tiling is None:
-        itemsize = max(x.dtype.itemsize, updates.dtype.itemsize)
-        tiling = choose_scatter_add_tiling(num_updates, row_width, itemsize)
+    itemsize = max(x.dtype.itemsize, updates.dtype.itemsize)
+    tiling = tiling or choose_row_tiling(num_updates, row_width, itemsize)
     kernel = functools.partial(
         scatter_add_rows_kernel,
         num_updates=num_updates,
@@ -122,11 +96,12 @@ def scatter_add_rows(
     )
     return call_row_kernel(
         kernel,
-        x,
-        rows,
-        src,
-        updates,
+        (rows, src, updates, x),
+        out_shape=x.shape,
+        num_entries=num_updates,
+        row_width=row_width,
         tiling=tiling,
+        alias_last=True,
         interpret=interpret,
         name="pallas_pinned_scatter_add_rows",
     )

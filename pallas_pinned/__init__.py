@@ -6,13 +6,28 @@ device-resident indices and data, without copying the buffer:
 * :func:`scatter_to_host` — ``x.at[i].set(y)``, last duplicate wins;
 * :func:`scatter_add_to_host` — ``x.at[i].add(y)``, duplicates combined first;
 * :func:`gather_from_host` — ``x.at[i].get()``, result in device memory;
-* :func:`at` — the same three as ``at(x)[i].set(y)``, ``.add(y)``, ``.get()``.
+* :func:`at` — the same three as ``at(x)[i].set(y)``, ``.add(y)``, ``.get()``;
+* :func:`fix_memory_space` — the same buffer, with a type that says where it
+  lives (for arrays from checkpoint restores or ``jit(out_shardings=...)``).
+
+:mod:`pallas_pinned.tuning` holds the measured thresholds the ops choose their
+paths by; :mod:`pallas_pinned.testing` the specs and oracles of the tests and
+benchmarks.
 """
 
-from pallas_pinned._add import scatter_add_to_host
-from pallas_pinned._at import at
-from pallas_pinned._gather import gather_from_host
-from pallas_pinned._scatter import scatter_to_host
+from pallas_pinned import tuning
+from pallas_pinned._placement import fix_memory_space
+from pallas_pinned.at import at
+from pallas_pinned.gather import gather_from_host
+from pallas_pinned.scatter import scatter_to_host
+from pallas_pinned.scatter_add import scatter_add_to_host
 
-__all__ = ["at", "gather_from_host", "scatter_add_to_host", "scatter_to_host"]
+__all__ = [
+    "at",
+    "fix_memory_space",
+    "gather_from_host",
+    "scatter_add_to_host",
+    "scatter_to_host",
+    "tuning",
+]
 __version__ = "0.1.0"

@@ -1,10 +1,11 @@
-"""The transformation rules shared by the ops that update a buffer in place.
+"""The wrapper shared by the ops that update a buffer in place: transformations and donation.
 
 ``scatter_to_host`` and ``scatter_add_to_host`` both write into ``x`` through
 an aliased kernel, so both refuse ``jax.vmap`` (there is one buffer) and a
 gradient with respect to ``x`` (its cotangent would be a second buffer of the
 same size), and differentiate with respect to ``updates`` by a rule of their
-own. This module builds that wrapper once for both.
+own. Called outside ``jit`` they donate ``x`` to a jit whose result is placed
+exactly where ``x`` is. This module builds that wrapper once for both.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+
+from pallas_pinned import _placement
 
 
 def _vmap_message(op_name: str, batch_effect: str) -> str:
@@ -44,6 +47,10 @@ def in_place_op(
     takes a static (hashable) ``cfg`` with an ``index_shape``: inside a trace
     it stages the op; outside, it runs it in place and consumes ``x`` (as if
     donated), or returns ``x`` untouched when there is nothing to write.
+    Outside a trace, a buffer whose type disagrees with its sharding is first
+    re-described (``_placement.fix_memory_space``, no copy), and the result
+    is placed with ``x``'s own sharding, so the donated buffer and the result
+    agree on their memory kind (jax 0.12 aborts the process when they do not).
     """
     vmap_message = _vmap_message(op_name, batch_effect)
     grad_message = _buffer_grad_message(op_name)
@@ -75,7 +82,10 @@ def in_place_op(
         return None, None, updates_vjp(cfg, residuals, cotangent)
 
     op.defvjp(fwd, bwd, symbolic_zeros=True)
-    donating = jax.jit(op, static_argnums=(3,), donate_argnums=(0,))
+
+    @functools.cache
+    def donating(sharding):
+        return jax.jit(op, static_argnums=(3,), donate_argnums=(0,), out_shardings=sharding)
 
     def apply(x, rows, updates, cfg):
         if not isinstance(updates, jax.Array | jax.core.Tracer):
@@ -84,7 +94,8 @@ def in_place_op(
             return op(x, rows, updates, cfg)
         if math.prod(cfg.index_shape) == 0 or x.size == 0:
             return x  # Nothing to write; the buffer stays as it is.
-        return donating(x, rows, updates, cfg)
+        x = _placement.fix_memory_space(x)
+        return donating(x.sharding)(x, rows, updates, cfg)
 
     return apply
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_pinned._at import at
+from pallas_pinned.at import at
 from pallas_pinned.testing import assert_same, make_values
 from tests.helpers import put, read
 

@@ -87,7 +87,7 @@ def test_errors_also_raise_inside_jit(x):
 
 def test_pallas_offsets_guard():
     # 1-byte buffers of 2-4 GiB would overflow Pallas's 32-bit signed offsets.
-    from pallas_pinned.kernels.scatter_pallas import offsets_fit
+    from pallas_pinned.kernels.pallas_common import offsets_fit
 
     assert offsets_fit((2**31,), np.int8)  # Largest offset 2**31 - 1 still fits.
     assert not offsets_fit((2**31 + 1,), np.int8)

@@ -22,10 +22,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import pallas_pinned._add as add_module
-import pallas_pinned._gather as gather_module
-from pallas_pinned._add import scatter_add_to_host
-from pallas_pinned._gather import gather_from_host
+from pallas_pinned import tuning
+from pallas_pinned.gather import gather_from_host
+from pallas_pinned.scatter_add import scatter_add_to_host
 from pallas_pinned.testing import assert_same, make_values
 from tests.helpers import put, read
 
@@ -44,13 +43,13 @@ def rng(request):
 
 
 @pytest.fixture
-def small_sort_crossover(monkeypatch):
+def small_sort_crossover():
     """Makes batches of 64+ rows take the sorted (coalescing) kernel paths.
 
     The thresholds are part of the ops' jit cache keys, so no cache clearing.
     """
-    monkeypatch.setattr(gather_module, "SORT_MIN_GATHERS", 64)
-    monkeypatch.setattr(add_module, "SORT_MIN_ADDS", 64)
+    with tuning.override(sort_min_gathers=64, sort_min_adds=64):
+        yield
 
 
 def _np_dtype(dtype: str):
@@ -706,8 +705,8 @@ def test_gpu_compiles_with_automatic_host_compute_offload_disabled():
     script = textwrap.dedent(
         """
         import jax, jax.numpy as jnp, numpy as np
-        from pallas_pinned._add import scatter_add_to_host
-        from pallas_pinned._gather import gather_from_host
+        from pallas_pinned.scatter_add import scatter_add_to_host
+        from pallas_pinned.gather import gather_from_host
         host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
         x = jax.device_put(np.zeros((1 << 20,), np.float32), host)
         add = jax.jit(lambda x, i: scatter_add_to_host(x, i, 1.0), donate_argnums=(0,))

@@ -312,23 +312,18 @@ def test_pallas_backend_on_cpu_names_the_alternatives():
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("threshold", [0, 10**9])
-def test_sort_threshold_never_changes_results(rng, backend, threshold, monkeypatch):
+def test_sort_threshold_never_changes_results(rng, backend, threshold):
     # Unique indices are sorted only above SORT_MIN_UPDATES; both sides of
     # the crossover must give the same buffer.
-    from pallas_pinned import _scatter
-
-    monkeypatch.setattr(_scatter, "SORT_MIN_UPDATES", threshold)
-    jax.clear_caches()  # The threshold is read while tracing.
-    _run(rng, backend, ScatterSpec(300, (5,), "float32", 200, "random_unique"), unique_indices=True)
+    with pp.tuning.override(sort_min_updates=threshold):
+        spec = ScatterSpec(300, (5,), "float32", 200, "random_unique")
+        _run(rng, backend, spec, unique_indices=True)
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("small_max", [0, 64])
-def test_small_batch_dedupe_matches_the_sort(rng, backend, small_max, monkeypatch):
+def test_small_batch_dedupe_matches_the_sort(rng, backend, small_max):
     # Up to SMALL_DEDUPE_MAX updates, duplicates are resolved without a sort;
     # both ways must keep the same (last) writes.
-    from pallas_pinned import _scatter
-
-    monkeypatch.setattr(_scatter, "SMALL_DEDUPE_MAX", small_max)
-    jax.clear_caches()  # Read while tracing.
-    _run(rng, backend, ScatterSpec(20, (3,), "int32", 40, "random_any"))
+    with pp.tuning.override(small_dedupe_max=small_max):
+        _run(rng, backend, ScatterSpec(20, (3,), "int32", 40, "random_any"))

@@ -6,9 +6,9 @@ from typing import Any
 
 import jax
 
-from pallas_pinned._add import scatter_add_to_host
-from pallas_pinned._gather import gather_from_host
-from pallas_pinned._scatter import scatter_to_host
+from pallas_pinned.gather import gather_from_host
+from pallas_pinned.scatter import scatter_to_host
+from pallas_pinned.scatter_add import scatter_add_to_host
 
 __all__ = ["at"]
 

@@ -1,0 +1,151 @@
+"""What the Pallas (Triton backend) kernels share: tiling, tile addressing, the launch.
+
+Every kernel works on a 2-D buffer ``x`` of ``(num_rows, d)`` and a flat list
+of ``n`` row numbers. The grid is ``(cdiv(n, block_rows), cdiv(d, block_cols))``;
+program ``(i, j)`` handles rows ``rows[i*block_rows ...]`` and columns
+``j*block_cols ...``. Consecutive programs handle consecutive entries, so after
+the caller sorts the rows the PCIe transactions go out in ascending address
+order.
+
+Every operand stays in its own memory space (``pl.ANY``: the kernels do their
+own addressing), so a buffer in ``pinned_host`` memory is read and written
+through its own pointer, over PCIe, and never copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+__all__ = [
+    "RowTiling",
+    "Tile",
+    "call_row_kernel",
+    "choose_row_tiling",
+    "next_pow2",
+    "offsets_fit",
+    "skip_row",
+    "tile_lanes",
+]
+
+# A tile moves about this many bytes: enough independent stores per program
+# to keep PCIe transactions in flight, small enough to keep registers in check.
+# Measured on the H200 (benchmarks/results/tune_scatter_h200.log): tile shape
+# and warp count changed nothing beyond noise around this point.
+_TILE_BYTES = 16 * 1024
+# Widest column block, in bytes; wider rows are split across programs.
+_MAX_COL_BLOCK_BYTES = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class RowTiling:
+    """Static launch settings of a row kernel (set, add and gather alike)."""
+
+    block_rows: int
+    block_cols: int
+    num_warps: int
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def choose_row_tiling(n: int, d: int, itemsize: int) -> RowTiling:
+    """Power-of-two tile sizes for ``n`` rows of ``d`` elements of ``itemsize`` bytes.
+
+    The column block covers a whole row up to 4 KiB, then rows fill the tile
+    up to 16 KiB. Reads and writes of a row cost the same PCIe transactions,
+    so one heuristic serves the three kernels. Results never depend on it.
+    """
+    block_cols = min(next_pow2(d), max(1, _MAX_COL_BLOCK_BYTES // itemsize))
+    rows_per_tile = max(1, _TILE_BYTES // (block_cols * itemsize))
+    block_rows = min(next_pow2(max(n, 1)), next_pow2(rows_per_tile))
+    num_warps = 8 if block_rows * block_cols * itemsize >= 8192 else 4
+    return RowTiling(block_rows, block_cols, num_warps)
+
+
+def offsets_fit(shape: tuple[int, ...], dtype) -> bool:
+    """Whether Pallas's Triton lowering computes correct offsets for ``shape``.
+
+    It switches to 64-bit offsets only for arrays over 2**32 bytes and counts
+    offsets in elements with signed arithmetic, so a 1-byte dtype between
+    2**31 and 2**32 elements would wrap to negative offsets: outside the array.
+    """
+    size = math.prod(shape)
+    return not (jnp.dtype(dtype).itemsize == 1 and 2**31 < size <= 2**32)
+
+
+def skip_row(num_rows: int, dtype) -> int:
+    """The row number that marks an entry as not to be touched.
+
+    One past the end when the index type can hold it (every kernel masks it;
+    interpret mode drops it), else -1 (buffers of more rows than the type holds).
+    """
+    return num_rows if num_rows <= jnp.iinfo(dtype).max else -1
+
+
+class Tile(NamedTuple):
+    """One program's share of the work, as :func:`tile_lanes` loads it."""
+
+    rows: Any  # (block_rows,) row numbers; -1 past the end of the batch
+    order: Any  # (block_rows,) permutation entries, or the entry numbers
+    cols: Any  # (block_cols,) column numbers
+    entry_ok: Any  # (block_rows,) the entry exists (not past the batch)
+    row_ok: Any  # entry_ok and, with check_bounds, the row is in the buffer
+    mask: Any  # (block_rows, block_cols) row_ok crossed with real columns
+    entry_mask: Any  # (block_rows, block_cols) entry_ok crossed with real columns
+
+
+def tile_lanes(
+    rows_ref, order_ref, *, num_entries, num_rows, row_width, block_rows, block_cols, check_bounds
+) -> Tile:
+    """Loads this program's rows and permutation entries and builds its masks."""
+    k = pl.program_id(0) * block_rows + jnp.arange(block_rows)
+    cols = pl.program_id(1) * block_cols + jnp.arange(block_cols)
+    k_ok = k < num_entries
+    rows = plgpu.load(rows_ref.at[k], mask=k_ok, other=-1)
+    order = k if order_ref is None else plgpu.load(order_ref.at[k], mask=k_ok, other=0)
+    row_ok = k_ok
+    if check_bounds:
+        row_ok = row_ok & (rows >= 0)
+        if num_rows <= jnp.iinfo(rows.dtype).max:
+            row_ok = row_ok & (rows < num_rows)
+    cols_ok = (cols < row_width)[None, :]
+    return Tile(rows, order, cols, k_ok, row_ok, row_ok[:, None] & cols_ok, k_ok[:, None] & cols_ok)
+
+
+def call_row_kernel(
+    kernel, operands, *, out_shape, num_entries, row_width, tiling, alias_last, interpret, name
+):
+    """Launches ``kernel(*operand_refs, out_ref)`` over the row grid.
+
+    ``operands`` may hold ``None`` for an absent permutation: ``pallas_call``
+    takes arrays only, so the ``None`` is bound inside the kernel instead.
+    With ``alias_last`` the last operand (the buffer) is aliased to the only
+    output, so the kernel updates it in place.
+    """
+    present = [k for k, a in enumerate(operands) if a is not None]
+
+    def body(*refs):
+        bound = dict(zip(present, refs[:-1], strict=True))
+        return kernel(*(bound.get(k) for k in range(len(operands))), refs[-1])
+
+    arrays = [operands[k] for k in present]
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    return pl.pallas_call(
+        body,
+        out_shape=jax.ShapeDtypeStruct(out_shape, arrays[-1].dtype),
+        grid=(pl.cdiv(num_entries, tiling.block_rows), pl.cdiv(row_width, tiling.block_cols)),
+        in_specs=[any_spec] * len(arrays),
+        out_specs=any_spec,
+        input_output_aliases={len(arrays) - 1: 0} if alias_last else {},
+        compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=1),
+        interpret=interpret,
+        name=name,
+    )(*arrays)

@@ -1,0 +1,100 @@
+"""Where arrays live: memory spaces, platforms, and buffers whose type disagrees.
+
+JAX records an array's memory in two places: its sharding's ``memory_kind``
+(what the runtime allocated) and its type's ``memory_space`` (what a trace
+sees). They can disagree: arrays made by ``jit(out_shardings=
+SingleDeviceSharding(..., "pinned_host"))``, ``make_array_from_callback`` or
+``make_array_from_single_device_arrays`` have a ``pinned_host`` sharding but a
+type that says device memory (jax 0.11-0.12 derives the space from the
+sharding only for ``NamedSharding``). A trace of such an array plans device
+memory for a host buffer: XLA then refuses to compile on the GPU, and with a
+donated buffer jax 0.12 aborts the process on CPU. So concrete arrays are
+judged by their sharding, and :func:`fix_memory_space` re-describes the same
+buffers with an equivalent ``NamedSharding``, which carries the right type.
+Tracers carry only their type, which is all a trace can know.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = [
+    "fix_memory_space",
+    "is_concrete",
+    "on_host",
+    "place_result",
+    "platform_of",
+    "to_device_memory",
+]
+
+_HOST = jax.memory.Space.Host
+
+
+def is_concrete(a: Any) -> bool:
+    return isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+
+
+def on_host(a: Any) -> bool:
+    """Whether ``a`` lives in pinned host memory (by its sharding when concrete)."""
+    if is_concrete(a):
+        return a.sharding.memory_kind == "pinned_host"
+    return getattr(jax.typeof(a), "memory_space", None) == _HOST
+
+
+def to_device_memory(a: Any) -> Any:
+    """``a`` in device memory: the kernels read indices and updates from there."""
+    if isinstance(a, jax.Array | jax.core.Tracer) and on_host(a):
+        return jax.device_put(a, jax.memory.Space.Device)
+    return a
+
+
+def place_result(out: jax.Array, x: jax.Array) -> jax.Array:
+    """Declares a kernel's aliased result in ``x``'s memory space.
+
+    ``pallas_call`` and ``triton_call`` declare their outputs in device
+    memory; the result is the aliased host buffer, so saying where it lives
+    keeps XLA from moving it.
+    """
+    return jax.device_put(out, _HOST) if on_host(x) else out
+
+
+def platform_of(x: Any) -> str:
+    """The platform ``x`` is placed on, or, inside a trace, the default one."""
+    if is_concrete(x):
+        return next(iter(x.sharding.device_set)).platform
+    return jax.default_backend()
+
+
+def fix_memory_space(x: jax.Array) -> jax.Array:
+    """Returns ``x`` with a type whose memory space agrees with its sharding.
+
+    For a single-device ``pinned_host`` array whose type says device memory
+    (see the module docstring), the same buffer is wrapped again under an
+    equivalent one-device ``NamedSharding``: no copy, no data movement, and
+    ``x`` stays valid. Any other array is returned as it is. Call it on
+    buffers from checkpoint restores or ``jit(out_shardings=...)`` before
+    passing them into your own ``jax.jit``; the ops call it themselves when
+    called outside ``jit``, so their results come back with the agreeing type
+    (an equivalent sharding: same device, same memory kind).
+    """
+    if not is_concrete(x):
+        raise TypeError(
+            "fix_memory_space takes a concrete jax.Array, not a traced value: call it "
+            "outside jax.jit, on the buffer you are about to pass in"
+        )
+    kind = x.sharding.memory_kind
+    if kind != "pinned_host" or jax.typeof(x).memory_space == _HOST:
+        return x
+    devices = list(x.sharding.device_set)
+    if len(devices) != 1:
+        return x  # Multi-device shardings that are not named: left as they are.
+    mesh = jax.sharding.Mesh(np.asarray(devices), ("_one_device",))
+    named = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(), memory_kind=kind)
+    # Wraps the existing per-device buffer: no copy (tests compare pointers).
+    return jax.make_array_from_single_device_arrays(
+        x.shape, named, [shard.data for shard in x.addressable_shards]
+    )
+

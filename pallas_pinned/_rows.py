@@ -1,0 +1,181 @@
+"""Row numbers on the device: normalization, skip markers, de-duplication, combining.
+
+Everything here runs inside the traced op, before a kernel or the XLA path
+sees the rows. Entries that must not be touched are marked with
+:func:`skip_row` (one past the end, or -1 for buffers of more rows than the
+index type holds), which every kernel masks and every XLA path drops.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_pinned.kernels.pallas_common import skip_row
+
+__all__ = [
+    "add_accumulator_dtype",
+    "combine_duplicates",
+    "dedupe_last_wins",
+    "drop_superseded_small",
+    "index_dtype",
+    "normalize_rows",
+    "rows_in_range",
+    "segmented_prefix_sum",
+    "skip_row",
+    "to_wide_numpy",
+]
+
+
+def index_dtype():
+    """The widest integer type jax computes with right now (x64 or not)."""
+    return jnp.dtype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+
+
+def to_wide_numpy(rows: np.ndarray, wide) -> np.ndarray:
+    """Saturating cast of host indices to ``wide``.
+
+    Values the wide type cannot hold are out of range for any buffer jax can
+    index; saturation keeps them out of range instead of wrapping them onto a
+    real row (jnp truncates instead: see the README's semantics).
+    """
+    info, have = np.iinfo(wide), np.iinfo(rows.dtype)
+    if have.max > info.max:
+        rows = np.minimum(rows, np.asarray(info.max).astype(rows.dtype))
+    if have.min < info.min:
+        rows = np.maximum(rows, info.min)
+    return rows.astype(wide)
+
+
+def _to_wide(rows, wide):
+    dtype = jnp.dtype(rows.dtype)
+    info = jnp.iinfo(wide)
+    if jnp.iinfo(dtype).max > info.max:
+        # Unsigned of the same width: saturate before the cast so that huge
+        # values stay out of range instead of wrapping to small rows.
+        rows = jnp.where(rows > info.max, jnp.asarray(info.max, dtype), rows)
+    return rows.astype(wide)
+
+
+def normalize_rows(rows, num_rows: int, mode: str | None):
+    """Wraps negatives once, then drops (marks) or clips out-of-range rows.
+
+    Returns a flat array of :func:`index_dtype`. In ``"drop"`` mode (and
+    ``None``) rows still out of range become :func:`skip_row`; with
+    ``"promise_in_bounds"`` they are left as they are (the caller promised).
+    """
+    wide = index_dtype()
+    if isinstance(rows, np.ndarray):
+        rows = jnp.asarray(to_wide_numpy(rows.reshape(-1), wide))
+    else:
+        rows = _to_wide(jnp.ravel(rows), wide)
+    n = jnp.asarray(num_rows, wide) if num_rows <= jnp.iinfo(wide).max else None
+    if n is not None:
+        rows = jnp.where(rows < 0, rows + n, rows)
+    if mode == "clip":
+        return jnp.clip(rows, 0, num_rows - 1)
+    if mode == "promise_in_bounds":
+        return rows
+    return jnp.where(rows_in_range(rows, num_rows), rows, skip_row(num_rows, wide))
+
+
+def rows_in_range(rows: jax.Array, num_rows: int) -> jax.Array:
+    """Which rows point at a real row of the buffer (skip markers do not)."""
+    ok = rows >= 0
+    if num_rows <= jnp.iinfo(rows.dtype).max:
+        ok &= rows < num_rows
+    return ok
+
+
+def dedupe_last_wins(rows: jax.Array, num_rows: int, *, presorted: bool = False):
+    """Orders rows ascending and keeps only the last occurrence of each.
+
+    Returns ``(rows, src)``: ``rows`` ascending with every superseded entry
+    replaced by :func:`skip_row`, and ``src`` the position in the input each
+    entry came from. With ``presorted=True`` the input is taken to ascend
+    already and ``src`` is ``None`` (the identity).
+    """
+    if presorted:
+        src = None
+    else:
+        # A stable sort keeps equal rows in their original order, so the last
+        # of each run is the last occurrence in the input.
+        rows, src = lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1, is_stable=True)
+    superseded = jnp.concatenate([rows[:-1] == rows[1:], jnp.zeros((1,), bool)])
+    return jnp.where(superseded, skip_row(num_rows, rows.dtype), rows), src
+
+
+def drop_superseded_small(rows: jax.Array, num_rows: int) -> jax.Array:
+    """Marks every row written again later as skipped, keeping the input order.
+
+    The survivors of :func:`dedupe_last_wins` without a sort: an ``n x n``
+    comparison that XLA fuses with the index normalization, so a handful of
+    updates launches no sort kernel. Quadratic: small batches only.
+    """
+    n = rows.shape[0]
+    later = jnp.arange(n)[None, :] > jnp.arange(n)[:, None]
+    superseded = jnp.any((rows[:, None] == rows[None, :]) & later, axis=1)
+    return jnp.where(superseded, skip_row(num_rows, rows.dtype), rows)
+
+
+def add_accumulator_dtype(dtype) -> jnp.dtype:
+    """The type sums are formed in: float32 for 16-bit floats, else ``dtype``.
+
+    Integer sums wrap modulo 2**bits as in jnp, whatever the order.
+    """
+    dtype = jnp.dtype(dtype)
+    if dtype in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+        return jnp.dtype(jnp.float32)
+    return dtype
+
+
+def segmented_prefix_sum(run_ids: jax.Array, values: jax.Array) -> jax.Array:
+    """Inclusive prefix sums of the ``(n, d)`` values within runs of equal ``run_ids``.
+
+    ``run_ids`` must not decrease (each run is one contiguous stretch).
+    Log-step (Hillis-Steele) scan: step ``i`` adds the entry ``2**i`` places
+    back when it belongs to the same run. The order of additions depends only
+    on the run's own entries (no atomics), so the same input always gives the
+    same bits; as a loop it also compiles fast.
+    """
+    n = run_ids.shape[0]
+    zeros = jnp.zeros_like(values)
+
+    def add_from_behind(step, sums):
+        shift = jnp.left_shift(1, step)
+        behind = lax.dynamic_slice_in_dim(jnp.concatenate([zeros, sums]), n - shift, n)
+        # A run id below every real one marks "nothing that far back".
+        ids_behind = lax.dynamic_slice_in_dim(
+            jnp.concatenate([jnp.full_like(run_ids, -1), run_ids]), n - shift, n
+        )
+        return jnp.where((ids_behind == run_ids)[:, None], sums + behind, sums)
+
+    return lax.fori_loop(0, max(0, (n - 1).bit_length()), add_from_behind, values)
+
+
+def combine_duplicates(
+    rows: jax.Array, values: jax.Array, num_rows: int, *, presorted: bool = False
+):
+    """Sums the ``(n, d)`` value rows of equal rows, in a fixed order.
+
+    Returns ``(rows, totals)``: ``rows`` ascending with every entry but the
+    last of each run replaced by :func:`skip_row`, and ``totals`` holding at
+    that last entry the sum of the run (:func:`segmented_prefix_sum`: the same
+    input always gives the same bits). With ``presorted=True`` the rows are
+    taken to ascend already.
+    """
+    if not presorted:
+        # Stable, so the order of equal rows (and hence the sum) is fixed.
+        rows, perm = lax.sort(
+            (rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1, is_stable=True
+        )
+        values = values[perm]
+    changes = rows[1:] != rows[:-1]
+    # Runs are stretches of adjacent equal rows; should a broken "presorted"
+    # promise leave equal rows apart, they stay separate runs, never merged.
+    run_ids = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(changes, dtype=jnp.int32)])
+    totals = segmented_prefix_sum(run_ids, values)
+    last = jnp.concatenate([changes, jnp.ones((1,), bool)])
+    return jnp.where(last, rows, skip_row(num_rows, rows.dtype)), totals

@@ -1,0 +1,80 @@
+"""The measured thresholds the ops choose their paths by, and a way to override them.
+
+Results never depend on these settings; only speed does. The defaults were
+measured on the H200 (each field says where). Benchmarks and tests switch a
+path on or off through :func:`override` instead of patching module globals:
+the ops read :func:`current` when they are called (outside any trace too), and
+the values become part of each call's static configuration, so a changed
+setting compiles a new program instead of hitting a stale jit cache entry.
+
+>>> from pallas_pinned import tuning
+>>> with tuning.override(sort_min_updates=0):   # always sort for locality
+...     pass
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterator
+
+__all__ = ["Thresholds", "current", "override"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """Batch sizes (in index entries) at which an op changes its path."""
+
+    # scatter_to_host: unique rows are sorted for address locality from this
+    # many updates on. Measured on the H200 (benchmarks/results/
+    # tune_scatter_h200.log, 2026-12-02): unsorted and sorted random unique
+    # rows tie near 16 Ki updates for 4- and 512-byte rows; at 64 Ki sorting is
+    # 1.7-1.8x faster, and below 4 Ki the sort's ~30-70 us of fixed cost loses.
+    sort_min_updates: int = 16384
+    # scatter_add_to_host: the same crossover for distinct rows. A choice, not
+    # a measurement of its own: read-add-write moves each row twice over the
+    # same bus, so the write crossover is the starting point.
+    sort_min_adds: int = 16384
+    # gather_from_host: the same crossover for reads, by the same reasoning.
+    sort_min_gathers: int = 16384
+    # scatter_to_host: up to this many updates, duplicates are resolved by an
+    # n x n comparison that fuses with the index normalization, instead of a
+    # sort: one launch fewer (the quadratic work is negligible at this size).
+    small_dedupe_max: int = 64
+    # False turns the locality sort off altogether (rows with duplicates are
+    # still de-duplicated). For benchmarks that measure what sorting buys.
+    coalesce: bool = True
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type == "bool":
+                if not isinstance(value, bool):
+                    raise TypeError(f"{field.name} must be a bool, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{field.name} must be a non-negative int, got {value!r}")
+
+
+_DEFAULTS = Thresholds()
+_state = threading.local()
+
+
+def current() -> Thresholds:
+    """The thresholds in force in this thread."""
+    return getattr(_state, "thresholds", _DEFAULTS)
+
+
+@contextlib.contextmanager
+def override(**changes) -> Iterator[Thresholds]:
+    """Within the ``with`` block, calls of the ops use these thresholds.
+
+    Unknown names raise ``TypeError``; bad values raise ``ValueError``.
+    """
+    previous = current()
+    updated = dataclasses.replace(previous, **changes)
+    _state.thresholds = updated
+    try:
+        yield updated
+    finally:
+        _state.thresholds = previous
