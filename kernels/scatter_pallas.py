@@ -19,15 +19,30 @@ Operands (all prepared on the device by the caller):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from .pallas_common import RowTiling, call_row_kernel, choose_row_tiling, skip_row, tile_lanes
+from .pallas_common import (
+    RowTiling,
+    call_row_kernel,
+    choose_row_tiling,
+    next_pow2,
+    skip_row,
+    tile_lanes,
+)
 
-__all__ = ["scatter_rows", "scatter_rows_kernel"]
+__all__ = [
+    "scatter_rows",
+    "scatter_rows_fused",
+    "scatter_rows_fused_kernel",
+    "scatter_rows_kernel",
+]
 
 
 def scatter_rows_kernel(
@@ -97,4 +112,131 @@ def scatter_rows(
         alias_last=True,
         interpret=interpret,
         name="pallas_pinned_scatter_rows",
+    )
+
+
+# --- one launch for small batches: normalization and de-duplication inside ---
+#
+# For a few thousand updates or fewer, the fixed costs of a call decide its
+# speed: each XLA op around the kernel (wrapping negative indices, the bounds
+# test, resolving duplicates) is a launch of its own. This variant takes the
+# caller's raw indices and does all of that per program: it normalizes its own
+# entries and drops each one that a LATER entry of the batch writes again
+# (comparing against every later entry, chunk by chunk), so the last writer
+# wins without a sort and the whole call is a single launch. The comparisons
+# grow as n**2 / block_rows, which is why only small batches take this path.
+
+# Update entries compared per loop step of the duplicate search.
+_CHUNK = 128
+# Entries per program on this path: the duplicate search is per entry, so
+# programs are kept short to spread it over the GPU.
+_MAX_FUSED_BLOCK_ROWS = 64
+
+
+def _normalized(raw, num_rows: int, mode: str | None):
+    """``(rows, in_range)`` of raw indices: wrap negatives once, then apply ``mode``."""
+    rows = jnp.where(raw < 0, raw + num_rows, raw)
+    if mode == "clip":
+        return jnp.clip(rows, 0, num_rows - 1), jnp.ones(rows.shape, bool)
+    if mode == "promise_in_bounds":
+        return rows, jnp.ones(rows.shape, bool)
+    return rows, (rows >= 0) & (rows < num_rows)
+
+
+def scatter_rows_fused_kernel(
+    indices_ref,
+    updates_ref,
+    x_in_ref,
+    x_out_ref,
+    *,
+    num_updates: int,
+    num_rows: int,
+    row_width: int,
+    block_rows: int,
+    block_cols: int,
+    chunk: int,
+    mode: str | None,
+    drop_superseded: bool,
+):
+    """Writes one tile of raw-indexed updates; entries superseded later are skipped."""
+    del x_in_ref  # Aliased to x_out_ref: the same buffer.
+    first = pl.program_id(0) * block_rows
+    k = first + jnp.arange(block_rows)
+    cols = pl.program_id(1) * block_cols + jnp.arange(block_cols)
+    k_ok = k < num_updates
+    rows, in_range = _normalized(
+        plgpu.load(indices_ref.at[k], mask=k_ok, other=0), num_rows, mode
+    )
+    row_ok = k_ok & in_range
+    if drop_superseded:
+
+        def search_chunk(c, superseded):
+            j = c * chunk + jnp.arange(chunk)
+            j_ok = j < num_updates
+            later, later_in_range = _normalized(
+                plgpu.load(indices_ref.at[j], mask=j_ok, other=0), num_rows, mode
+            )
+            hit = (rows[:, None] == later[None, :]) & (j[None, :] > k[:, None])
+            hit = hit & (j_ok & later_in_range)[None, :]
+            return jnp.maximum(superseded, jnp.max(hit.astype(jnp.int32), axis=1))
+
+        # Only later entries can supersede: start at this program's own chunk.
+        superseded = lax.fori_loop(
+            first // chunk, pl.cdiv(num_updates, chunk), search_chunk,
+            jnp.zeros((block_rows,), jnp.int32),
+        )
+        row_ok = row_ok & (superseded == 0)
+    mask = row_ok[:, None] & (cols < row_width)[None, :]
+    values = plgpu.load(updates_ref.at[k[:, None], cols[None, :]], mask=mask)
+    # Masked-off lanes point past the end (see scatter_rows_kernel).
+    dest = jnp.where(row_ok, rows, skip_row(num_rows, rows.dtype))
+    plgpu.store(x_out_ref.at[dest[:, None], cols[None, :]], values, mask=mask)
+
+
+def scatter_rows_fused(
+    x: jax.Array,
+    indices: jax.Array,
+    updates: jax.Array,
+    *,
+    mode: str | None,
+    drop_superseded: bool,
+    tiling: RowTiling | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """``x.at[indices].set(updates, mode=mode)`` in one launch, the last duplicate winning.
+
+    ``indices`` are the caller's raw ``(n,)`` int32/int64 indices (negative
+    ones wrap once; ``num_rows`` must fit their type); ``updates`` ``(n, d)``
+    of ``x.dtype``. Without ``drop_superseded`` the caller promises distinct
+    rows. Traced inside a ``jit``: the result aliases ``x``.
+    """
+    num_rows, row_width = x.shape
+    (num_updates,) = indices.shape
+    if num_rows > jnp.iinfo(indices.dtype).max:
+        raise ValueError(f"{num_rows} rows do not fit indices of type {indices.dtype}")
+    tiling = tiling or choose_row_tiling(num_updates, row_width, x.dtype.itemsize)
+    tiling = dataclasses.replace(
+        tiling, block_rows=min(tiling.block_rows, _MAX_FUSED_BLOCK_ROWS)
+    )
+    kernel = functools.partial(
+        scatter_rows_fused_kernel,
+        num_updates=num_updates,
+        num_rows=num_rows,
+        row_width=row_width,
+        block_rows=tiling.block_rows,
+        block_cols=tiling.block_cols,
+        chunk=min(_CHUNK, next_pow2(num_updates)),
+        mode=mode,
+        drop_superseded=drop_superseded,
+    )
+    return call_row_kernel(
+        kernel,
+        (indices, updates, x),
+        out_shape=x.shape,
+        num_entries=num_updates,
+        row_width=row_width,
+        tiling=tiling,
+        alias_last=True,
+        interpret=interpret,
+        name="pallas_pinned_scatter_rows_fused",
     )

@@ -25,7 +25,9 @@ __all__ = [
     "rows_in_range",
     "segmented_prefix_sum",
     "skip_row",
+    "stable_order",
     "to_wide_numpy",
+    "widen",
 ]
 
 
@@ -59,6 +61,13 @@ def _to_wide(rows, wide):
     return rows.astype(wide)
 
 
+def widen(rows):
+    """Flat rows of :func:`index_dtype`, saturating (host indices are wide already)."""
+    if isinstance(rows, np.ndarray):
+        return jnp.asarray(to_wide_numpy(rows.reshape(-1), index_dtype()))
+    return _to_wide(jnp.ravel(rows), index_dtype())
+
+
 def normalize_rows(rows, num_rows: int, mode: str | None):
     """Wraps negatives once, then drops (marks) or clips out-of-range rows.
 
@@ -67,10 +76,7 @@ def normalize_rows(rows, num_rows: int, mode: str | None):
     ``"promise_in_bounds"`` they are left as they are (the caller promised).
     """
     wide = index_dtype()
-    if isinstance(rows, np.ndarray):
-        rows = jnp.asarray(to_wide_numpy(rows.reshape(-1), wide))
-    else:
-        rows = _to_wide(jnp.ravel(rows), wide)
+    rows = widen(rows)
     n = jnp.asarray(num_rows, wide) if num_rows <= jnp.iinfo(wide).max else None
     if n is not None:
         rows = jnp.where(rows < 0, rows + n, rows)
@@ -100,9 +106,9 @@ def dedupe_last_wins(rows: jax.Array, num_rows: int, *, presorted: bool = False)
     if presorted:
         src = None
     else:
-        # A stable sort keeps equal rows in their original order, so the last
-        # of each run is the last occurrence in the input.
-        rows, src = lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1, is_stable=True)
+        # A stable order keeps equal rows in their input order, so the last of
+        # each run is the last occurrence in the input.
+        rows, src = stable_order(rows, small_max=0)
     superseded = jnp.concatenate([rows[:-1] == rows[1:], jnp.zeros((1,), bool)])
     return jnp.where(superseded, skip_row(num_rows, rows.dtype), rows), src
 
@@ -138,25 +144,46 @@ def segmented_prefix_sum(run_ids: jax.Array, values: jax.Array) -> jax.Array:
     Log-step (Hillis-Steele) scan: step ``i`` adds the entry ``2**i`` places
     back when it belongs to the same run. The order of additions depends only
     on the run's own entries (no atomics), so the same input always gives the
-    same bits; as a loop it also compiles fast.
+    same bits. The ``log2(n)`` steps are unrolled: as straight-line code they
+    fuse, where a loop would cost a launch and a host round trip per step.
     """
     n = run_ids.shape[0]
-    zeros = jnp.zeros_like(values)
-
-    def add_from_behind(step, sums):
-        shift = jnp.left_shift(1, step)
-        behind = lax.dynamic_slice_in_dim(jnp.concatenate([zeros, sums]), n - shift, n)
+    sums = values
+    for step in range(max(0, (n - 1).bit_length())):
+        shift = 1 << step
+        behind = jnp.concatenate([jnp.zeros_like(sums[:shift]), sums[:-shift]])
         # A run id below every real one marks "nothing that far back".
-        ids_behind = lax.dynamic_slice_in_dim(
-            jnp.concatenate([jnp.full_like(run_ids, -1), run_ids]), n - shift, n
-        )
-        return jnp.where((ids_behind == run_ids)[:, None], sums + behind, sums)
+        ids_behind = jnp.concatenate([jnp.full_like(run_ids[:shift], -1), run_ids[:-shift]])
+        sums = jnp.where((ids_behind == run_ids)[:, None], sums + behind, sums)
+    return sums
 
-    return lax.fori_loop(0, max(0, (n - 1).bit_length()), add_from_behind, values)
+
+def stable_order(rows: jax.Array, *, small_max: int):
+    """``(sorted_rows, perm)``: a stable ascending order of ``rows``.
+
+    Up to ``small_max`` entries the rank of each entry is counted with an
+    ``n x n`` comparison, which XLA fuses, instead of launching a sort; both
+    give the same permutation (ties keep their input order).
+    """
+    n = rows.shape[0]
+    positions = lax.iota(jnp.int32, n)
+    if n > small_max:
+        return lax.sort((rows, positions), num_keys=1, is_stable=True)
+    before = (rows[None, :] < rows[:, None]) | (
+        (rows[None, :] == rows[:, None]) & (positions[None, :] < positions[:, None])
+    )
+    rank = jnp.sum(before, axis=1, dtype=jnp.int32)
+    perm = jnp.zeros((n,), jnp.int32).at[rank].set(positions, unique_indices=True)
+    return rows[perm], perm
 
 
 def combine_duplicates(
-    rows: jax.Array, values: jax.Array, num_rows: int, *, presorted: bool = False
+    rows: jax.Array,
+    values: jax.Array,
+    num_rows: int,
+    *,
+    presorted: bool = False,
+    small_max: int = 0,
 ):
     """Sums the ``(n, d)`` value rows of equal rows, in a fixed order.
 
@@ -164,13 +191,12 @@ def combine_duplicates(
     last of each run replaced by :func:`skip_row`, and ``totals`` holding at
     that last entry the sum of the run (:func:`segmented_prefix_sum`: the same
     input always gives the same bits). With ``presorted=True`` the rows are
-    taken to ascend already.
+    taken to ascend already; otherwise they are put in a stable order
+    (:func:`stable_order`, without a sort up to ``small_max`` entries), so the
+    order of equal rows, and hence their sum, is fixed.
     """
     if not presorted:
-        # Stable, so the order of equal rows (and hence the sum) is fixed.
-        rows, perm = lax.sort(
-            (rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1, is_stable=True
-        )
+        rows, perm = stable_order(rows, small_max=small_max)
         values = values[perm]
     changes = rows[1:] != rows[:-1]
     # Runs are stretches of adjacent equal rows; should a broken "presorted"

@@ -132,9 +132,11 @@ def _xla_path(x, rows, updates, cfg: _Config):
 
 
 def _kernel_path(x, rows, updates, cfg: _Config, *, backend: str):
-    rows, updates = _rows_and_updates(x, rows, updates, cfg)
-    num_rows, num_updates = x.shape[0], rows.shape[0]
+    num_rows, num_updates = x.shape[0], math.prod(cfg.index_shape)
     limits = cfg.thresholds
+    if backend != "triton" and num_updates <= limits.fused_max_updates:
+        return _fused_kernel_path(x, rows, updates, cfg, backend=backend)
+    rows, updates = _rows_and_updates(x, rows, updates, cfg)
     # Duplicates must be resolved before the kernel runs (its programs write
     # in parallel); sorting also turns scattered PCIe writes into ascending ones.
     sort_for_locality = (
@@ -150,6 +152,23 @@ def _kernel_path(x, rows, updates, cfg: _Config, *, backend: str):
     # masked, even when the caller promised in-bounds indices.
     check_bounds = dedupe or cfg.mode != "promise_in_bounds"
     out = _launch(backend, x.reshape(num_rows, -1), rows, src, updates, check_bounds=check_bounds)
+    return _placement.place_result(out, x).reshape(x.shape)
+
+
+def _fused_kernel_path(x, rows, updates, cfg: _Config, *, backend: str):
+    """Small batches: one launch that normalizes and de-duplicates by itself."""
+    rows = _placement.to_device_memory(rows)
+    updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
+    updates = jnp.broadcast_to(updates, cfg.index_shape + x.shape[1:])
+    rows = _rows.widen(rows)  # A no-op for int32 (int64 with x64) indices.
+    out = scatter_pallas.scatter_rows_fused(
+        x.reshape(x.shape[0], -1),
+        rows,
+        updates.reshape(rows.shape[0], -1),
+        mode=cfg.mode,
+        drop_superseded=not cfg.unique,
+        interpret=backend == "interpret",
+    )
     return _placement.place_result(out, x).reshape(x.shape)
 
 

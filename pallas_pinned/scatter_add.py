@@ -148,7 +148,9 @@ def _xla_add(x2d, rows, updates2d, cfg: _Config):
     # buffer itself and all the arithmetic on the device.
     values = updates2d.astype(_rows.add_accumulator_dtype(x2d.dtype))
     if not cfg.rows_distinct and rows.shape[0] > 1:
-        rows, values = _rows.combine_duplicates(rows, values, x2d.shape[0])
+        rows, values = _rows.combine_duplicates(
+            rows, values, x2d.shape[0], small_max=cfg.thresholds.small_combine_max
+        )
     summed = (_host_xla.gather_rows(x2d, rows).astype(values.dtype) + values).astype(x2d.dtype)
     return _host_xla.set_distinct_rows(x2d, rows, summed)
 
@@ -162,7 +164,11 @@ def _kernel_add(x2d, rows, updates2d, cfg: _Config, *, backend: str):
         # One distinct row per kernel entry, summed on the device first; the
         # skip markers it leaves behind must always be masked.
         rows, updates2d = _rows.combine_duplicates(
-            rows, updates2d.astype(acc), num_rows, presorted=cfg.ascending
+            rows,
+            updates2d.astype(acc),
+            num_rows,
+            presorted=cfg.ascending,
+            small_max=cfg.thresholds.small_combine_max,
         )
         check_bounds = True
     elif (

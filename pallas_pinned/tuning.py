@@ -42,6 +42,15 @@ class Thresholds:
     # n x n comparison that fuses with the index normalization, instead of a
     # sort: one launch fewer (the quadratic work is negligible at this size).
     small_dedupe_max: int = 64
+    # scatter_add_to_host: up to this many updates, duplicates are put in order
+    # by counting ranks (an n x n comparison that fuses) instead of a sort
+    # launch. Chosen with the loop benchmark (see fused_max_updates).
+    small_combine_max: int = 1024
+    # scatter_to_host: up to this many updates, the kernel normalizes the raw
+    # indices and drops superseded duplicates itself (one launch per call; its
+    # duplicate search grows as n**2). Chosen from the loop benchmark on the
+    # H200 (benchmarks/results/loop_h200.json); see README "Inside a loop".
+    fused_max_updates: int = 4096
     # False turns the locality sort off altogether (rows with duplicates are
     # still de-duplicated). For benchmarks that measure what sorting buys.
     coalesce: bool = True
