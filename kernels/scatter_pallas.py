@@ -126,11 +126,13 @@ def scatter_rows(
 # wins without a sort and the whole call is a single launch. The comparisons
 # grow as n**2 / block_rows, which is why only small batches take this path.
 
-# Update entries compared per loop step of the duplicate search.
-_CHUNK = 128
-# Entries per program on this path: the duplicate search is per entry, so
-# programs are kept short to spread it over the GPU.
-_MAX_FUSED_BLOCK_ROWS = 64
+# Update entries compared per loop step of the duplicate search: up to 1 Ki
+# batches need one step; each step waits for a load and a reduction.
+_MAX_CHUNK = 1024
+# Entries per program on this path. Short programs spread a small batch over
+# many SMs (the H200 loop probe: 64 x 1 KiB rows in 4 programs of 16 rows took
+# longer than XLA's scatter) and keep the block_rows x chunk comparison small.
+_MAX_FUSED_BLOCK_ROWS = 8
 
 
 def _normalized(raw, num_rows: int, mode: str | None):
@@ -225,7 +227,7 @@ def scatter_rows_fused(
         row_width=row_width,
         block_rows=tiling.block_rows,
         block_cols=tiling.block_cols,
-        chunk=min(_CHUNK, next_pow2(num_updates)),
+        chunk=min(_MAX_CHUNK, next_pow2(num_updates)),
         mode=mode,
         drop_superseded=drop_superseded,
     )

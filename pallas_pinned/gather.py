@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_pinned import _host_xla, _placement, _rows, _validation, tuning
+from pallas_pinned import _backends, _host_xla, _placement, _rows, _validation, tuning
 from pallas_pinned.kernels import gather_pallas, pallas_common
 from pallas_pinned.reference import gather_rows_reference
 
@@ -213,15 +213,17 @@ def _dispatch(x2d, rows, *, backend: str, ascending: bool, thresholds: tuning.Th
     if backend != "auto":
         return kernel(x2d, rows, backend=backend)
     # "auto": the kernel pays off only for host buffers of a CUDA GPU.
-    fits = pallas_common.offsets_fit(x2d.shape, x2d.dtype) and pallas_common.offsets_fit(
-        (rows.shape[0], x2d.shape[1]), x2d.dtype
+    kernel_backend = _backends.auto_kernel_backend() if _placement.on_host(x2d) else None
+    fits = kernel_backend == "triton" or (
+        pallas_common.offsets_fit(x2d.shape, x2d.dtype)
+        and pallas_common.offsets_fit((rows.shape[0], x2d.shape[1]), x2d.dtype)
     )
-    if not _placement.on_host(x2d) or not fits:
+    if kernel_backend is None or not fits:
         return _host_xla.gather_rows(x2d, rows)
     return lax.platform_dependent(
         x2d,
         rows,
-        cuda=functools.partial(kernel, backend="pallas"),
+        cuda=functools.partial(kernel, backend=kernel_backend),
         default=_host_xla.gather_rows,
     )
 

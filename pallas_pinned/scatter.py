@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_pinned import _placement, _rows, _validation, tuning
+from pallas_pinned import _backends, _placement, _rows, _validation, tuning
 from pallas_pinned._in_place import in_place_op, transpose_to_updates
 from pallas_pinned.kernels import pallas_common, scatter_pallas
 from pallas_pinned.reference import scatter_rows_reference
@@ -106,13 +106,15 @@ def _scatter_traced(x, rows, updates, cfg: _Config):
         return _kernel_path(x, rows, updates, cfg, backend=cfg.backend)
     # "auto": the kernel pays off only for host buffers of a CUDA GPU; device
     # memory is XLA's own scatter's home turf.
-    if not _placement.on_host(x) or not pallas_common.offsets_fit(x.shape, x.dtype):
+    kernel_backend = _backends.auto_kernel_backend() if _placement.on_host(x) else None
+    fits = kernel_backend == "triton" or pallas_common.offsets_fit(x.shape, x.dtype)
+    if kernel_backend is None or not fits:
         return _xla_path(x, rows, updates, cfg)
     return lax.platform_dependent(
         x,
         rows,
         updates,
-        cuda=functools.partial(_kernel_path, cfg=cfg, backend="pallas"),
+        cuda=functools.partial(_kernel_path, cfg=cfg, backend=kernel_backend),
         default=functools.partial(_xla_path, cfg=cfg),
     )
 

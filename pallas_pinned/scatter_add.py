@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_pinned import _host_xla, _placement, _rows, _validation, tuning
+from pallas_pinned import _backends, _host_xla, _placement, _rows, _validation, tuning
 from pallas_pinned._in_place import in_place_op, transpose_to_updates
 from pallas_pinned.kernels import pallas_common, scatter_add_pallas
 from pallas_pinned.reference import gather_rows_reference, scatter_add_rows_reference
@@ -125,19 +125,23 @@ def _add_traced(x, rows, updates, cfg: _Config):
         out = _xla_add(x2d, rows, updates2d, cfg)
     elif cfg.backend != "auto":
         out = kernel(x2d, rows, updates2d, backend=cfg.backend)
-    elif not _placement.on_host(x2d) or not (
-        pallas_common.offsets_fit(x2d.shape, x2d.dtype)
-        and pallas_common.offsets_fit(updates2d.shape, x2d.dtype)
-    ):
-        out = _xla_add(x2d, rows, updates2d, cfg)  # Device memory: XLA's own home turf.
     else:
-        out = lax.platform_dependent(
-            x2d,
-            rows,
-            updates2d,
-            cuda=functools.partial(kernel, backend="pallas"),
-            default=functools.partial(_xla_add, cfg=cfg),
+        # "auto": the kernel pays off only for host buffers of a CUDA GPU.
+        kernel_backend = _backends.auto_kernel_backend() if _placement.on_host(x2d) else None
+        fits = kernel_backend == "triton" or (
+            pallas_common.offsets_fit(x2d.shape, x2d.dtype)
+            and pallas_common.offsets_fit(updates2d.shape, x2d.dtype)
         )
+        if kernel_backend is None or not fits:
+            out = _xla_add(x2d, rows, updates2d, cfg)
+        else:
+            out = lax.platform_dependent(
+                x2d,
+                rows,
+                updates2d,
+                cuda=functools.partial(kernel, backend=kernel_backend),
+                default=functools.partial(_xla_add, cfg=cfg),
+            )
     return out.reshape(x.shape)
 
 

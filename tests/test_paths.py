@@ -1,0 +1,97 @@
+"""Every internal path of an op gives the same bits (the thresholds only choose speed).
+
+``tuning.override`` forces each path in turn: the one-launch scatter for small
+batches (normalization and de-duplication inside the kernel), the ``n x n``
+de-duplication, the sort; for add, duplicates ordered by rank counting or by a
+sort. Fresh random data with duplicates and out-of-range indices, buffers
+poisoned with random values so that unwritten rows show.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_pinned as pp
+from pallas_pinned import tuning
+from pallas_pinned.testing import assert_same, scatter_oracle
+
+KERNEL_BACKENDS = ["interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
+
+SET_PATHS = {
+    "fused": dict(fused_max_updates=10**9),
+    "pairwise": dict(fused_max_updates=0, small_dedupe_max=10**9),
+    "sorted": dict(fused_max_updates=0, small_dedupe_max=0, sort_min_updates=0),
+    "unsorted_unique": dict(fused_max_updates=0, sort_min_updates=10**9),
+}
+
+
+def _host(array):
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    return jax.device_put(array, sharding)
+
+
+def _rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("path", sorted(SET_PATHS))
+@pytest.mark.parametrize("mode", [None, "clip", "promise_in_bounds"])
+@pytest.mark.parametrize(("n", "width"), [(1, 1), (7, 3), (200, 5), (1500, 2)])
+def test_set_paths_agree_with_the_oracle(request, backend, path, mode, n, width):
+    rng = _rng(request)
+    rows = 300
+    x0 = rng.standard_normal((rows, width)).astype(np.float32)
+    low, high = (-rows, rows) if mode == "promise_in_bounds" else (-rows - 20, rows + 20)
+    idx = rng.integers(low, high, n).astype(np.int32)
+    idx[: n // 4] = idx[n // 2 : n // 2 + n // 4]  # Duplicates, some far apart.
+    unique = path == "unsorted_unique"
+    if unique:  # A true promise: distinct in-range rows.
+        idx = rng.permutation(rows)[: min(n, rows)].astype(np.int32)
+    upd = rng.standard_normal((idx.size, width)).astype(np.float32)
+    with tuning.override(**SET_PATHS[path]):
+        out = pp.scatter_to_host(
+            _host(x0), jnp.asarray(idx), jnp.asarray(upd), mode=mode,
+            unique_indices=unique, backend=backend,
+        )
+    assert out.sharding.memory_kind == "pinned_host"
+    assert_same(np.asarray(out), scatter_oracle(x0, idx, upd, mode))
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("n", [2, 33, 700])
+def test_add_rank_order_and_sort_order_give_the_same_bits(request, backend, n):
+    rng = _rng(request)
+    x0 = rng.standard_normal((50, 4)).astype(np.float32)
+    idx = rng.integers(-60, 60, n).astype(np.int32)  # Many duplicates, some dropped.
+    upd = rng.standard_normal((n, 4)).astype(np.float32)
+    results = []
+    for small_max in (0, 10**9):
+        with tuning.override(small_combine_max=small_max):
+            out = pp.scatter_add_to_host(
+                _host(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend
+            )
+        results.append(np.asarray(out))
+    assert_same(results[0], results[1], what="rank order vs sort order")
+    expected = x0.copy()
+    keep = (idx >= -50) & (idx < 50)
+    np.add.at(expected, np.where(idx[keep] < 0, idx[keep] + 50, idx[keep]), upd[keep])
+    np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_path_duplicate_search_spans_many_chunks(request):
+    # More than one chunk of 1 Ki entries and programs of 8 entries: the last
+    # writer of a row can sit thousands of entries later, in another program.
+    rng = _rng(request)
+    n, rows = 3000, 40
+    x0 = rng.standard_normal((rows, 2)).astype(np.float32)
+    idx = rng.integers(0, rows, n).astype(np.int32)
+    upd = rng.standard_normal((n, 2)).astype(np.float32)
+    with tuning.override(fused_max_updates=10**9):
+        out = pp.scatter_to_host(_host(x0), jnp.asarray(idx), jnp.asarray(upd), backend="interpret")
+    assert_same(np.asarray(out), scatter_oracle(x0, idx, upd))
