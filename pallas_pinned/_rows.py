@@ -72,7 +72,7 @@ def normalize_rows(rows, num_rows: int, mode: str | None):
     """Wraps negatives once, then drops (marks) or clips out-of-range rows.
 
     Returns a flat array of :func:`index_dtype`. In ``"drop"`` mode (and
-    ``None``) rows still out of range become :func:`skip_row`; with
+    ``None`` and ``"fill"``) rows still out of range become :func:`skip_row`; with
     ``"promise_in_bounds"`` they are left as they are (the caller promised).
     """
     wide = index_dtype()

@@ -21,7 +21,8 @@ from pallas_pinned import _placement
 from pallas_pinned._rows import index_dtype, to_wide_numpy
 from pallas_pinned.kernels.pallas_common import offsets_fit
 
-MODES = (None, "drop", "clip", "promise_in_bounds")
+# jnp's scatter modes; "fill" means "drop" for a write, as in jnp.
+MODES = (None, "drop", "fill", "clip", "promise_in_bounds")
 BACKENDS = ("auto", "xla", "pallas", "triton", "interpret")
 KERNEL_BACKENDS = ("pallas", "triton", "interpret")
 

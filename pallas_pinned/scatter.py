@@ -62,7 +62,7 @@ def scatter_to_host(
       updates: broadcast to ``indices.shape + x.shape[1:]`` (for a slice, its
         length) and cast to ``x.dtype`` as jnp does (with its FutureWarning
         for lossy casts).
-      mode: ``None`` or ``"drop"`` (negative indices wrap once as in numpy,
+      mode: ``None``, ``"drop"`` or ``"fill"`` (negative indices wrap once as in numpy,
         rows still out of range are skipped), ``"clip"``, or
         ``"promise_in_bounds"`` (no bounds check at all: an out-of-range index
         writes outside the buffer; use only when you know).

@@ -67,7 +67,7 @@ def scatter_add_to_host(
       indices: rows along axis 0, in the forms :func:`scatter_to_host` takes.
       updates: broadcast to ``indices.shape + x.shape[1:]`` and cast to
         ``x.dtype`` first, as for :func:`scatter_to_host`.
-      mode: ``None``/``"drop"`` (negatives wrap once, rows still out of range
+      mode: ``None``/``"drop"``/``"fill"`` (negatives wrap once, rows still out of range
         are skipped), ``"clip"``, or ``"promise_in_bounds"`` (no bounds check:
         an out-of-range index writes outside the buffer).
       unique_indices: promise that no row repeats (skips combining; ignored
