@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One batched GPU session: install, GPU tests, benchmarks, notebooks; logs to $OUT.
-# Usage (on the H200, from the repository root):
-#   bash benchmarks/gpu_session.sh "tests quick notebooks"      # or "tests full"
+# Usage (on the H200, from the repository root, so that `python3 -m benchmarks.*` resolves):
+#   bash benchmarks/gpu_session.sh "tests quick notebooks"      # or "tests full loop"
+# Stages: tests quick full demo gatheradd loop tune notebooks. Rough times: tests <= 5.5 min,
+# quick ~2, full ~6, demo < 1, gatheradd ~1, loop ~5, tune ~3, notebooks ~2.
+# LOOP_ARGS (e.g. "--backends pallas,triton" or "--quick") is passed to the loop stage.
 # jax-triton is carried as a wheel in .whl/ (the machine has no registry).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -30,7 +33,7 @@ for stage in $stages; do
     quick|full)
       log "bench $stage"
       flags=$([ "$stage" = quick ] && echo "--quick --big-buffer-gib 32" || echo "")
-      timeout 420 python3 benchmarks/bench_scatter.py $flags --out /tmp/bench_$stage \
+      timeout 420 python3 -m benchmarks.sweep $flags --out /tmp/bench_$stage \
         > "$OUT/bench_$stage.log" 2>&1; echo "bench rc=$?"
       tail -40 "$OUT/bench_$stage.log"
       tar czf "$OUT/bench_$stage.tgz" -C /tmp/bench_$stage . ;;
@@ -39,7 +42,20 @@ for stage in $stages; do
       timeout 200 python3 -m pallas_pinned 2>&1 | tee "$OUT/demo.log"; echo "demo rc=$?" ;;
     gatheradd)
       log "bench gather/add"
-      timeout 200 python3 benchmarks/bench_gather_add.py --out "$OUT" 2>&1 | tee "$OUT/bench_gather_add.log" | tail -30 ;;
+      timeout 200 python3 -m benchmarks.gather_add --out "$OUT" > "$OUT/bench_gather_add.log" 2>&1
+      echo "gatheradd rc=$?"; tail -30 "$OUT/bench_gather_add.log" ;;
+    loop)
+      log "bench loop ${LOOP_ARGS:-}"
+      timeout 420 python3 -m benchmarks.loop ${LOOP_ARGS:-} --out /tmp/bench_loop \
+        > "$OUT/bench_loop.log" 2>&1; echo "loop rc=$?"
+      tail -45 "$OUT/bench_loop.log"
+      tar czf "$OUT/bench_loop.tgz" -C /tmp/bench_loop . ;;
+    tune)
+      log "bench tune"
+      timeout 360 python3 -m benchmarks.tune --out /tmp/bench_tune \
+        > "$OUT/bench_tune.log" 2>&1; echo "tune rc=$?"
+      tail -20 "$OUT/bench_tune.log"
+      tar czf "$OUT/bench_tune.tgz" -C /tmp/bench_tune . ;;
     notebooks)
       mkdir -p /tmp/figs
       for nb in notebooks/0*.ipynb; do

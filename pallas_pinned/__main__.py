@@ -6,6 +6,11 @@ batch of new rows and writes them at random positions, inside one jitted
 buffer against a numpy replay of the same steps, then times one step of
 ``scatter_to_host`` against XLA's own ``x.at[i].set(y)`` on the same buffer.
 Exit status 0 means the check passed.
+
+On a machine without CUDA, ``scatter_to_host`` runs its XLA fallback (the
+kernel needs a GPU), so the timing compares XLA with itself plus the op's
+bookkeeping (duplicates resolved, last write wins): "ours slower than XLA" is
+expected there and says nothing about the kernel.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 import warnings
 
 import jax
@@ -22,7 +26,7 @@ import numpy as np
 from jax import lax
 
 import pallas_pinned as pp
-from pallas_pinned.testing import assert_same
+from pallas_pinned.testing import assert_same, time_calls
 
 
 def _parse_args(argv):
@@ -76,18 +80,6 @@ def _expected(x0, idx, width):
     return out
 
 
-def _time(fn, x, *args, repeats):
-    x = fn(x, *args)  # Warm-up: compile, first touch.
-    x.block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x = fn(x, *args)
-        x.block_until_ready()
-        times.append(time.perf_counter() - start)
-    return x, times
-
-
 def main(argv=None) -> int:
     args = _parse_args(argv)
     device = jax.devices()[0]
@@ -99,12 +91,24 @@ def main(argv=None) -> int:
         f"buffer {x0.nbytes / 2**20:.0f} MiB in pinned_host, "
         f"{args.steps} steps x {args.batch} rows of {args.width * 4} bytes"
     )
+    on_gpu = jax.default_backend() == "gpu"
+    if not on_gpu:
+        print(
+            "note: no CUDA GPU, so scatter_to_host runs its XLA fallback here (the kernel "
+            "needs a GPU) plus its duplicate handling: expect it to be no faster than XLA"
+        )
 
     idx = _make_batches(rng, args)
     loop = jax.jit(_run_loop, static_argnums=2, donate_argnums=0)
     out = loop(jax.device_put(x0, host), idx, args.width)
-    assert out.sharding.memory_kind == "pinned_host", out.sharding
-    assert_same(np.asarray(out), _expected(x0, idx, args.width), what="replay buffer")
+    if out.sharding.memory_kind != "pinned_host":
+        print(f"check FAILED: the result lives in {out.sharding.memory_kind}, not pinned_host")
+        return 1
+    try:
+        assert_same(np.asarray(out), _expected(x0, idx, args.width), what="replay buffer")
+    except AssertionError as err:
+        print(f"check FAILED: the buffer differs from the numpy replay\n{err}")
+        return 1
     print(f"check: {args.steps} steps of updates match the numpy replay")
 
     step_idx = idx[0]
@@ -112,18 +116,21 @@ def main(argv=None) -> int:
     ours = jax.jit(lambda x, i, u: pp.scatter_to_host(x, i, u), donate_argnums=0)
     xla = jax.jit(lambda x, i, u: x.at[i].set(u), donate_argnums=0)
     results = []
-    for name, fn in (("pallas_pinned.scatter_to_host", ours), ("XLA x.at[i].set", xla)):
+    ours_name = "pallas_pinned.scatter_to_host" + ("" if on_gpu else " (XLA fallback)")
+    for name, fn in ((ours_name, ours), ("XLA x.at[i].set", xla)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # XLA's host-compute fallback warns.
-            out, times = _time(fn, out, step_idx, step_rows, repeats=args.repeats)
+            # One warm-up call (compilation, first touch), then the timed ones;
+            # the donated buffer is threaded from call to call.
+            out, times = time_calls(fn, out, step_idx, step_rows, repeats=args.repeats)
         results.append((name, statistics.median(times), min(times), max(times)))
 
     payload = args.batch * args.width * 4
     print(f"\none step ({args.batch} rows, {payload / 2**20:.1f} MiB), {args.repeats} repeats")
-    print(f"{'method':32} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'GB/s':>7}")
+    print(f"{'method':47} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'GB/s':>7}")
     for name, med, lo, hi in results:
         print(
-            f"{name:32} {med * 1e3:10.3f} {lo * 1e3:8.3f} {hi * 1e3:8.3f} "
+            f"{name:47} {med * 1e3:10.3f} {lo * 1e3:8.3f} {hi * 1e3:8.3f} "
             f"{payload / med / 1e9:7.2f}"
         )
     return 0

@@ -1,0 +1,155 @@
+"""What a results file says about where it was measured, and what a call logged.
+
+Also the one rule for optional peers: a package is *unavailable* only when
+importing it fails. Anything else that goes wrong while a provider runs is an
+error, recorded as such, and fails the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def optional_import(name: str) -> tuple[ModuleType | None, str | None]:
+    """``(module, None)``, or ``(None, why)`` when importing it raises ImportError."""
+    try:
+        return importlib.import_module(name), None
+    except ImportError as err:
+        return None, f"{name} is not importable ({type(err).__name__}: {err})"[:200]
+
+
+def has_gpu() -> bool:
+    import jax
+
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:  # jax raises this when no GPU backend is initialized
+        return False
+
+
+@contextlib.contextmanager
+def captured_output():
+    """Collects C++ log lines (fd 2) and Python warnings instead of showing them.
+
+    XLA reports "converting to host compute" and similar through its C++
+    logger, which Python's ``warnings`` never sees; redirecting the file
+    descriptor catches both. Yields a dict whose ``"text"`` is filled on exit.
+    """
+    box = {"text": ""}
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield box
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            sink.seek(0)
+            lines = [sink.read().decode(errors="replace").strip()]
+            lines += [f"{w.category.__name__}: {w.message}" for w in caught]
+            box["text"] = "\n".join(line for line in lines if line)
+
+
+def first_lines(text: str, limit: int = 400) -> str:
+    """A short, one-line excerpt of captured output for a record."""
+    text = " | ".join(line.strip() for line in text.splitlines() if line.strip())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _run_quietly(cmd: list[str]) -> str | None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+_SMI_FIELDS = (
+    "name",
+    "driver_version",
+    "pcie.link.gen.current",
+    "pcie.link.gen.max",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
+    "memory.total",
+)
+
+
+def nvidia_smi_info() -> dict[str, str]:
+    """GPU name, driver and PCIe link of GPU 0 from ``nvidia-smi``, if present.
+
+    The current PCIe generation drops when the GPU idles, so the maximum is
+    recorded too.
+    """
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    out = _run_quietly(
+        ["nvidia-smi", "-i", "0", f"--query-gpu={','.join(_SMI_FIELDS)}",
+         "--format=csv,noheader,nounits"]
+    )
+    if not out:
+        return {"nvidia_smi": "query failed"}
+    values = [v.strip() for v in out.splitlines()[0].split(",")]
+    return {f"gpu_{k.replace('.', '_')}": v for k, v in zip(_SMI_FIELDS, values, strict=False)}
+
+
+def git_revision(repo: Path = REPO) -> str | None:
+    rev = _run_quietly(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"])
+    if rev is None:
+        return None
+    dirty = _run_quietly(["git", "-C", str(repo), "status", "--porcelain"])
+    return rev + ("+dirty" if dirty else "")
+
+
+def environment(repo: Path = REPO) -> dict[str, Any]:
+    """Tags for a results file: when, where, which versions, which thresholds."""
+    import dataclasses
+
+    import jax
+    import jaxlib
+
+    from pallas_pinned import tuning
+
+    device = jax.devices()[0]
+    info: dict[str, Any] = {
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "host_cpus": os.cpu_count(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "jax_backend": jax.default_backend(),
+        "device_kind": device.device_kind,
+        "git": git_revision(repo),
+        "thresholds": dataclasses.asdict(tuning.current()),
+    }
+    for package in ("triton", "jax-triton", "torch"):
+        info[package.replace("-", "_")] = installed_version(package)
+    info.update(nvidia_smi_info())
+    return info
+
+
+def installed_version(package: str) -> str | None:
+    """An installed distribution's version, without importing it (None: not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,385 @@
+"""Loop: the per-step cost of writing rows into a pinned buffer inside ``lax.scan``.
+
+    python -m benchmarks.loop                 # the grid within --time-budget-s (~4 min on an H200)
+    python -m benchmarks.loop --quick         # the issue's target cases only
+    python -m benchmarks.loop --cpu           # a tiny grid on CPU, a few seconds (CI)
+    python -m benchmarks.loop --dry-run       # the plan and a rough time estimate
+    python -m benchmarks.loop --backends pallas,triton   # plus rows per kernel backend
+
+Each (case, provider) compiles one jitted scan of ``--steps`` steps with the
+buffer donated, counts the kernels a step launches in the compiled HLO, runs
+it once and checks sampled rows against a numpy replay, then times
+``--runs`` runs after ``--warmup``. ``us_per_step`` is the median run over the
+steps; ``op_cost_us`` subtracts the baseline (the same step without the
+write). What a step does is described in ``benchmarks/loop_steps.py``, the
+kernel counting rule in ``benchmarks/hlo.py``. Writes ``loop.json`` and
+``loop.png`` under ``--out``; exits 1 on any error or wrong result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import cases, checks, environment, hlo, plots, report, timing
+from benchmarks.loop_steps import (
+    PROVIDER_NAMES,
+    PROVIDERS,
+    LoopData,
+    LoopProvider,
+    buffer_shape,
+    check_replay,
+    make_loop_data,
+    scan_fn,
+)
+from pallas_pinned.testing import (
+    LOOP_CASES,
+    LOOP_CPU_CASES,
+    LOOP_DTYPES,
+    LOOP_TARGETS,
+    LoopCase,
+)
+
+GIB, MIB = 1 << 30, 1 << 20
+KERNEL_BACKENDS = ("pallas", "triton", "interpret")
+
+
+class PinnedBuffer:
+    """The one pinned buffer of the run, rebuilt when a case needs another dtype or shape."""
+
+    def __init__(self, seed: int):
+        device = jax.devices()[0]
+        self.pinned = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+        self.x, self.layout, self.seed, self.fills = None, None, seed, 0
+
+    def ensure(self, dtype: str, shape: tuple[int, ...]) -> None:
+        """Random normals made on the device, moved to pinned memory; the old one freed first."""
+        if self.layout == (dtype, shape) and self.x is not None and not self.x.is_deleted():
+            return
+        if self.x is not None and not self.x.is_deleted():
+            self.x.delete()
+        self.fills += 1
+        fresh = jax.random.normal(jax.random.key(self.seed * 1000 + self.fills), shape,
+                                  jnp.dtype(dtype))
+        self.x = jax.block_until_ready(jax.device_put(fresh, self.pinned))
+        fresh.delete()
+        self.layout = (dtype, shape)
+
+    def rebuild_if_lost(self) -> None:
+        """After a failed call the buffer may have been donated: make a fresh one."""
+        if self.x is None or self.x.is_deleted():
+            dtype, shape = self.layout
+            self.layout = None
+            self.ensure(dtype, shape)
+
+
+def base_record(case: LoopCase, provider: LoopProvider, backend: str, steps: int) -> dict:
+    return {
+        "case": case.name, "op": provider.op, "rows": case.rows, "row_bytes": case.row_bytes,
+        "dtype": case.dtype, "provider": provider.name, "backend": backend, "steps": steps,
+        "status": "ok", "us_per_step": None, "us_min": None, "us_max": None, "runs": 0,
+        "op_cost_us": None, "kernels_per_step": None, "op_kernels": None, "hlo_ops": None,
+        "correct": None, "check": None, "compile_s": None, "notes": "",
+    }
+
+
+def compile_all(args, buf: PinnedBuffer, data: LoopData, todo) -> dict:
+    """``{(provider name, backend): (compiled or the exception, compile seconds)}``.
+
+    Compilation dominates a case's cost, and XLA compiles in C++ without the
+    GIL, so the programs of a case are lowered one by one (tracing is Python)
+    and compiled side by side.
+    """
+    lowered = {}
+    for provider, backend in todo:
+        table = data.sorted_dev if provider.sorted_rows else data.table_dev
+        try:
+            lowered[(provider.name, backend)] = scan_fn(provider, backend).lower(
+                buf.x, table, data.base_dev)
+        except Exception as err:  # noqa: BLE001 - recorded by run_pair as the pair's error
+            lowered[(provider.name, backend)] = err
+
+    def compile_one(item):
+        if isinstance(item, Exception):
+            return item, 0.0
+        t0 = time.perf_counter()
+        try:
+            return item.compile(), time.perf_counter() - t0
+        except Exception as err:  # noqa: BLE001 - recorded by run_pair as the pair's error
+            return err, time.perf_counter() - t0
+
+    workers = max(1, min(len(lowered), os.cpu_count() or 1, 8))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return dict(zip(lowered, pool.map(compile_one, lowered.values()), strict=True))
+
+
+def run_pair(args, buf: PinnedBuffer, data: LoopData, provider: LoopProvider, backend: str,
+             compiled_and_s) -> dict:
+    """Checks one compiled scan once against the replay, then times it."""
+    record = base_record(data.case, provider, backend, args.steps)
+    table = data.sorted_dev if provider.sorted_rows else data.table_dev
+    compiled, record["compile_s"] = compiled_and_s
+    try:
+        if isinstance(compiled, Exception):
+            raise compiled
+        kernels = hlo.kernels_per_step(compiled.as_text(), args.steps)
+        before = checks.read_rows(buf.x, data.sample)
+        with environment.captured_output() as out:
+            t0 = time.perf_counter()
+            outputs = jax.block_until_ready(compiled(buf.x, table, data.base_dev))
+            first_run_s = time.perf_counter() - t0
+        buf.x = outputs[0]
+        mismatch = check_replay(data, provider, before, checks.read_rows(buf.x, data.sample))
+        slow = first_run_s > args.max_run_s  # one more run only, after no warm-up
+        outputs, measured = timing.measure(
+            lambda state, t, b: compiled(state[0], t, b), outputs, table, data.base_dev,
+            repeats=1 if slow else args.runs, warmup=0 if slow else args.warmup)
+        buf.x = outputs[0]
+    except Exception as err:  # noqa: BLE001 - recorded as an error; the run fails at the end
+        buf.rebuild_if_lost()
+        record["status"] = "error"
+        record["error"] = f"{type(err).__name__}: {err}"[:600]
+        return record
+    per_step = 1e6 / args.steps
+    record.update(
+        us_per_step=measured.median_s * per_step, us_min=measured.min_s * per_step,
+        us_max=measured.max_s * per_step, runs=measured.reps,
+        kernels_per_step=kernels.per_step, hlo_ops=kernels.ops, trip_count=kernels.trip_count,
+        correct=mismatch is None, notes=environment.first_lines(out["text"]),
+        check=mismatch or f"{data.sample.size} sampled rows match the numpy replay",
+    )
+    if slow:
+        record["notes"] = (f"one run took {first_run_s:.1f} s > --max-run-s: timed once; "
+                           + record["notes"])
+    return record
+
+
+def skip_reason(args, backend: str) -> str | None:
+    """Why a kernel backend cannot run here (None: it can); never found by trying."""
+    if backend in ("pallas", "triton") and not args.gpu:
+        return "needs a CUDA GPU"
+    if backend == "triton":
+        _, why = environment.optional_import("jax_triton")
+        return f"unavailable: {why}" if why else None
+    return None
+
+
+def fill_op_costs(records: list[dict]) -> None:
+    """Step time and kernels over the same case's baseline."""
+    base = next((r for r in records if r["provider"] == "baseline" and r["us_per_step"]), None)
+    for r in records:
+        if base and r["us_per_step"] is not None:
+            r["op_cost_us"] = r["us_per_step"] - base["us_per_step"]
+        if base and r["kernels_per_step"] is not None:
+            r["op_kernels"] = r["kernels_per_step"] - base["kernels_per_step"]
+
+
+def pairs(args) -> list[tuple[LoopProvider, str]]:
+    """(provider, backend) of every row of a case: defaults first, then per kernel backend."""
+    wanted = [p for p in PROVIDERS if p.name in args.providers or p.name == "baseline"]
+    out = [(p, "auto" if p.ours else "-") for p in wanted]
+    out += [(p, b) for b in args.backends for p in wanted if p.ours]
+    return out
+
+
+def run_case(args, buf: PinnedBuffer, case: LoopCase, started: float, progress) -> list[dict]:
+    over_budget = bool(args.time_budget_s) and time.monotonic() - started > args.time_budget_s
+    todo, records = [], []
+    for provider, backend in pairs(args):
+        reason = (f"time budget of {args.time_budget_s:.0f} s used up" if over_budget
+                  else skip_reason(args, backend))
+        if reason:
+            record = base_record(case, provider, backend, args.steps)
+            record["status"] = "skipped: " + reason
+            records.append(record)
+            progress.step(f"{case.name} {provider.name}[{backend}]")
+        else:
+            todo.append((provider, backend))
+    if not todo:
+        return records
+    buf.ensure(case.dtype, buffer_shape(case, args.buffer_bytes))
+    # A seed per case from plain numbers: the same data on every run and machine.
+    rng = np.random.default_rng([args.seed, case.rows, case.row_bytes,
+                                 LOOP_DTYPES.index(case.dtype)])
+    data = make_loop_data(case, args.buffer_bytes, args.steps, rng,
+                          check_written=args.check_written, check_others=args.check_others)
+    try:
+        compiled = compile_all(args, buf, data, todo)
+        for provider, backend in todo:
+            records.append(run_pair(args, buf, data, provider, backend,
+                                    compiled[(provider.name, backend)]))
+            progress.step(f"{case.name} {provider.name}[{backend}]")
+    finally:
+        data.release()
+    order = {(p.name, b): k for k, (p, b) in enumerate(pairs(args))}
+    records.sort(key=lambda r: order[(r["provider"], r["backend"])])
+    fill_op_costs(records)
+    return records
+
+
+# ---------------------------------------------------------------------------
+# Plan
+
+
+def plan_cases(args) -> tuple[str, list[LoopCase], list[tuple[LoopCase, str]]]:
+    """The grid's name, its planned cases (most wanted first) and the dropped ones."""
+    if args.rows or args.row_bytes or args.dtypes:
+        grid = "custom"
+        picked = {LoopCase(r, b, d) for r in args.rows or (1024,)
+                  for b in args.row_bytes or (1024,) for d in args.dtypes or ("float32",)}
+        order = {c: k for k, c in enumerate(LOOP_CASES)}
+        wanted = sorted(picked, key=lambda c: (order.get(c, len(order)), c.rows, c.row_bytes))
+    elif not args.gpu:
+        grid, wanted = "cpu", list(LOOP_CPU_CASES)
+    elif args.quick:
+        grid, wanted = "quick", list(LOOP_TARGETS)
+    else:
+        grid, wanted = "full", list(LOOP_CASES)
+    planned, dropped = [], []
+    for case in wanted:
+        why = cases.why_loop_case_not_planned(case, args.buffer_bytes,
+                                              int(args.max_step_mib * MIB), args.steps)
+        (dropped.append((case, why)) if why else planned.append(case))
+    return grid, planned, dropped
+
+
+def estimate_seconds(args, plan: list[LoopCase]) -> list[float]:
+    """Rough cumulative GPU seconds after each planned case."""
+    runs = 1 + args.warmup + args.runs
+    total, out = 0.0, []
+    for case in plan:
+        total += cases.LOOP_CASE_OVERHEAD_S + sum(
+            cases.loop_pair_seconds(case, p.name, args.steps, runs) for p, _ in pairs(args))
+        out.append(total)
+    return out
+
+
+def print_plan(args, grid: str, plan, dropped) -> None:
+    cumulative = estimate_seconds(args, plan)
+    fits = sum(1 for s in cumulative if not args.time_budget_s or s <= args.time_budget_s)
+    print(f"loop {grid}: {len(plan)} cases x {len(pairs(args))} rows each, {args.steps} steps, "
+          f"{args.runs} runs, pinned buffer {report.format_bytes(args.buffer_bytes)}; rough GPU "
+          f"estimate {cumulative[-1] if cumulative else 0:.0f} s; time budget "
+          f"{args.time_budget_s or 'none'} s (about {fits} cases fit)", flush=True)
+    for case, why in dropped:
+        print(f"  not planned: {case.name}: {why}")
+    if args.dry_run:
+        for case, s in zip(plan, cumulative, strict=True):
+            print(f"  {case.name:24} by ~{s:5.0f} s")
+
+
+# ---------------------------------------------------------------------------
+# Output
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.loop",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="only the issue's target cases")
+    p.add_argument("--cpu", action="store_true", help="force the tiny CPU grid")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--out", type=Path, default=environment.REPO / "benchmarks" / "results")
+    p.add_argument("--providers", type=cases.choices(PROVIDER_NAMES), default=PROVIDER_NAMES,
+                   help="comma list (the baseline always runs)")
+    p.add_argument("--backends", type=cases.choices(KERNEL_BACKENDS), default=(),
+                   help="extra rows of every ours_* provider per kernel backend")
+    p.add_argument("--rows", type=cases.parse_counts, default=None, help="custom grid: rows")
+    p.add_argument("--row-bytes", type=cases.parse_counts, default=None)
+    p.add_argument("--dtypes", type=cases.choices(LOOP_DTYPES), default=None)
+    p.add_argument("--steps", type=int, default=None, help="steps per scan (200; 20 on CPU)")
+    p.add_argument("--runs", type=int, default=None, help="timed runs (5; 3 on CPU)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs after the checked one")
+    p.add_argument("--buffer-gib", type=float, default=None,
+                   help="pinned buffer size (1 on GPU, 1/256 on CPU)")
+    p.add_argument("--max-step-mib", type=float, default=64.0,
+                   help="cases writing more per step are not planned")
+    p.add_argument("--max-run-s", type=float, default=5.0,
+                   help="a scan slower than this is timed once, without warm-up")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="skip what is left after this long (default 240 on GPU, none on CPU)")
+    p.add_argument("--check-written", type=int, default=4096, help="written rows checked")
+    p.add_argument("--check-others", type=int, default=1024, help="random other rows checked")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    if args.cpu:
+        jax.config.update("jax_platforms", "cpu")
+    with_defaults(args, gpu=not args.cpu and environment.has_gpu())
+    if args.steps < 1 or args.runs < 1 or args.warmup < 0:
+        p.error("--steps and --runs must be >= 1 and --warmup >= 0")
+    return args
+
+
+def with_defaults(args: argparse.Namespace, gpu: bool) -> argparse.Namespace:
+    """Fills the machine-dependent defaults: H200 sizes on a GPU, a few seconds on CPU."""
+    args.gpu = gpu
+    args.steps = args.steps or (200 if gpu else 20)
+    args.runs = args.runs or (5 if gpu else 3)
+    args.buffer_bytes = int((args.buffer_gib or (1.0 if gpu else 1 / 256)) * GIB)
+    if args.time_budget_s is None:
+        args.time_budget_s = 240.0 if gpu else 0.0
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.gpu and not args.cpu:
+        print("no GPU found: running the CPU grid (as with --cpu)")
+    if not args.gpu:
+        print("note: on CPU the ours_* providers with backend 'auto' run XLA's fallback, "
+              "so they measure XLA, not the kernel")
+    grid, plan, dropped = plan_cases(args)
+    print_plan(args, grid, plan, dropped)
+    if args.dry_run:
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"benchmark": "loop", "grid": grid, "argv": sys.argv[1:], "steps": args.steps,
+            "runs": args.runs, "warmup": args.warmup, "buffer_bytes": args.buffer_bytes,
+            "time_budget_s": args.time_budget_s, "backends": list(args.backends),
+            "indices": "per step a row of a table of random rows without replacement, made "
+                       "with numpy before timing and sliced on the device (sorted per row for "
+                       "ours_set_unique_sorted); updates base + step in the buffer's dtype",
+            "kernel_count_rule": hlo.COUNTING_RULE,
+            **environment.environment()}
+    buf, started, records = PinnedBuffer(args.seed), time.monotonic(), []
+    progress = report.Progress(len(plan) * len(pairs(args)), desc=f"loop {grid}")
+    try:
+        for case in plan:
+            records += run_case(args, buf, case, started, progress)
+            report.write_json(args.out / "loop.json", {"meta": meta, "records": records})
+    finally:
+        progress.close()
+    report.print_loop_table(records, f"per-step cost in lax.scan ({grid}, {meta['device_kind']}, "
+                     f"{args.steps} steps, median of {args.runs}; us, op cost in brackets)")
+    plot = None if args.no_plots else plots.plot_loop(records, args.out / "loop.png")
+    if plot is None and not args.no_plots:
+        print("no plot: matplotlib is not installed (or nothing was timed)")
+    print(f"wrote {args.out / 'loop.json'}{' and ' + str(plot) if plot else ''} in "
+          f"{time.monotonic() - started:.0f} s")
+    return exit_status(records)
+
+
+def exit_status(records: list[dict]) -> int:
+    failed = False
+    for r in records:
+        label = f"{r['provider']}[{r['backend']}] on {r['case']}"
+        if r["status"] == "error":
+            print(f"ERROR: {label}: {r['error'][:300]}")
+            failed = True
+        elif r["correct"] is False:
+            print(f"INCORRECT: {label}: {r['check'][:300]}")
+            failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

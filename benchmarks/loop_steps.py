@@ -1,0 +1,202 @@
+"""The loop benchmark's steps: what each provider does inside ``lax.scan``, and the replay.
+
+Every provider runs the same scan: ``steps`` steps over a pinned buffer that is
+the scan's carry and is donated to the jitted function, so the buffer is
+updated in place and never copied. Step ``t`` makes its indices and updates on
+the device, then writes (or, for the baseline, does not):
+
+* indices: row ``t`` of an index table, each row a random sample *without
+  replacement* of the buffer's rows, drawn with numpy before timing and kept
+  on the device (the slice is the only per-step index work). Unique rows make
+  the unique providers' promise true and the result independent of duplicate
+  order, so every provider's result is checked exactly; the providers that are
+  not told still pay for handling duplicates, as they must. The sorted
+  provider reads the same table with each row sorted.
+* updates: ``base + t`` in the buffer's dtype, ``base`` a random device array:
+  a cheap elementwise producer, different at every step.
+* the baseline makes both and carries them to the scan's output (so XLA cannot
+  delete the work) but writes nothing: ``op_cost_us`` is a step's time minus
+  the baseline's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import pallas_pinned as pp
+from benchmarks import checks
+from pallas_pinned.testing import LoopCase, make_values, scatter_add_oracle, scatter_oracle
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopProvider:
+    name: str
+    op: str  # "set", "add" or "none" (the baseline)
+    ours: bool  # takes a backend= (extra rows with --backends)
+    sorted_rows: bool = False  # reads the sorted index table
+
+
+PROVIDERS = (
+    LoopProvider("baseline", "none", False),
+    LoopProvider("xla_set", "set", False),
+    LoopProvider("ours_set", "set", True),
+    LoopProvider("ours_set_unique", "set", True),
+    LoopProvider("ours_set_unique_sorted", "set", True, sorted_rows=True),
+    LoopProvider("xla_add", "add", False),
+    LoopProvider("ours_add", "add", True),
+    LoopProvider("ours_add_unique", "add", True),
+)
+PROVIDER_NAMES = tuple(p.name for p in PROVIDERS)
+
+
+def write_fn(name: str, backend: str) -> Callable:
+    """``write(x, i, u) -> x`` of one provider (not for the baseline)."""
+    set_ = functools.partial(pp.scatter_to_host, backend=backend)
+    add = functools.partial(pp.scatter_add_to_host, backend=backend)
+    return {
+        "xla_set": lambda x, i, u: x.at[i].set(u),
+        "ours_set": set_,
+        "ours_set_unique": functools.partial(set_, unique_indices=True),
+        "ours_set_unique_sorted": functools.partial(set_, unique_indices=True,
+                                                    indices_are_sorted=True),
+        "xla_add": lambda x, i, u: x.at[i].add(u),
+        "ours_add": add,
+        "ours_add_unique": functools.partial(add, unique_indices=True),
+    }[name]
+
+
+def _step_inputs(table, base, t):
+    """Step ``t``'s indices and updates, made on the device."""
+    return table[t], base + t.astype(base.dtype)
+
+
+def scan_fn(provider: LoopProvider, backend: str) -> Callable:
+    """The jitted scan ``(x, table, base) -> outputs``; outputs[0] is the buffer.
+
+    The buffer is donated. The baseline also returns the last step's indices
+    and updates: a scan output XLA must compute, so it keeps the work.
+    """
+    steps_of = lambda table: jnp.arange(table.shape[0], dtype=jnp.int32)  # noqa: E731
+    if provider.op == "none":
+        def run(x, table, base):
+            def body(carry, t):
+                return (carry[0], *_step_inputs(table, base, t)), None
+
+            init = (x, jnp.zeros(table.shape[1:], table.dtype), jnp.zeros_like(base))
+            return lax.scan(body, init, steps_of(table))[0]
+    else:
+        write = write_fn(provider.name, backend)
+
+        def run(x, table, base):
+            def body(x, t):
+                return write(x, *_step_inputs(table, base, t)), None
+
+            return (lax.scan(body, x, steps_of(table))[0],)
+
+    return jax.jit(run, donate_argnums=0)
+
+
+@dataclasses.dataclass
+class LoopData:
+    """One case's tables, updates' base and row sample, on host and device."""
+
+    case: LoopCase
+    shape: tuple[int, ...]  # the buffer's
+    table: np.ndarray  # (steps, rows) int32, unique rows per step
+    base: np.ndarray
+    table_dev: jax.Array
+    sorted_dev: jax.Array
+    base_dev: jax.Array
+    sample: np.ndarray  # sorted buffer rows read back for the check
+    hits: list[tuple[np.ndarray, np.ndarray]]  # per step: (positions in the step, slots)
+    sorted_hits: list[tuple[np.ndarray, np.ndarray]]  # the same for the sorted table
+
+    def release(self) -> None:
+        for a in (self.table_dev, self.sorted_dev, self.base_dev):
+            a.delete()
+
+
+def buffer_shape(case: LoopCase, buffer_bytes: int) -> tuple[int, ...]:
+    """Rows of one element make a 1-D buffer (the 4-byte float32 case)."""
+    num_rows = buffer_bytes // case.row_bytes
+    return (num_rows,) if case.row_elems == 1 else (num_rows, case.row_elems)
+
+
+def make_loop_data(case: LoopCase, buffer_bytes: int, steps: int, rng: np.random.Generator,
+                   *, check_written: int, check_others: int) -> LoopData:
+    shape = buffer_shape(case, buffer_bytes)
+    num_rows = shape[0]
+    table = np.stack([_sample_rows(rng, num_rows, case.rows) for _ in range(steps)])
+    base = make_values(rng, (case.rows, *shape[1:]), case.dtype)
+    # The sample: rows written at random (step, position) pairs, plus random
+    # rows anywhere (nearly all untouched: they catch stray writes).
+    flat = table.reshape(-1)
+    picked = flat[rng.choice(flat.size, min(check_written, flat.size), replace=False)]
+    others = rng.integers(0, num_rows, size=min(check_others, num_rows))
+    sample = np.unique(np.concatenate([picked, others]).astype(np.int64))
+    sorted_table = np.sort(table, axis=1)
+    hits = [checks.hits_in(sample, table[t]) for t in range(steps)]
+    sorted_hits = [checks.hits_in(sample, sorted_table[t]) for t in range(steps)]
+    on_device = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="device")
+    put = functools.partial(jax.device_put, device=on_device)
+    return LoopData(case, shape, table, base, put(table), put(sorted_table), put(base),
+                    sample, hits, sorted_hits)
+
+
+def _sample_rows(rng: np.random.Generator, num_rows: int, n: int) -> np.ndarray:
+    """``n`` distinct rows of ``num_rows``, in random order."""
+    if n * 8 < num_rows:  # sparse: draw, drop repeats, top up
+        rows = np.unique(rng.integers(0, num_rows, size=n + n // 8 + 8))
+        while rows.size < n:
+            rows = np.unique(np.concatenate([rows, rng.integers(0, num_rows, size=n)]))
+        return rng.permutation(rows)[:n].astype(np.int32)
+    return rng.permutation(num_rows)[:n].astype(np.int32)
+
+
+def check_replay(data: LoopData, provider: LoopProvider, before: np.ndarray,
+                 after: np.ndarray) -> str | None:
+    """The sampled rows after one scan against a numpy replay of its steps; None if they match.
+
+    Each step is replayed with the oracle of ``pallas_pinned.testing`` on the
+    sampled rows it hits. Indices are unique within a step, so sets are
+    checked bit for bit; sums within their rounding error (``checks.compare_sums``).
+    The baseline must leave every sampled row as it was.
+    """
+    op = provider.op
+    if op == "none":
+        return None if before.tobytes() == after.tobytes() else (
+            "the baseline changed the buffer: "
+            f"{_changed_rows(before, after)} sampled rows differ")
+    expected = before.copy()
+    wide = np.float64
+    magnitude = np.abs(before.astype(wide))
+    terms = np.zeros(before.shape[0], np.int64)
+    hits = data.sorted_hits if provider.sorted_rows else data.hits
+    for t, (positions, slots) in enumerate(hits):
+        if positions.size == 0:
+            continue
+        updates = data.base[positions] + np.asarray(t, data.base.dtype)
+        if op == "set":
+            expected = scatter_oracle(expected, slots, updates)
+        else:
+            expected = scatter_add_oracle(expected, slots, updates)
+            magnitude = scatter_add_oracle(magnitude, slots, np.abs(updates.astype(wide)))
+            terms[slots] += 1
+    if op == "set":
+        return None if expected.tobytes() == after.tobytes() else (
+            f"{_changed_rows(expected, after)} of {after.shape[0]} sampled rows differ "
+            "from the numpy replay")
+    return checks.compare_sums(after, expected, magnitude, terms)
+
+
+def _changed_rows(a: np.ndarray, b: np.ndarray) -> int:
+    a2 = a.reshape(a.shape[0], -1).view(np.uint8)
+    b2 = b.reshape(b.shape[0], -1).view(np.uint8)
+    return int((a2 != b2).any(axis=1).sum())

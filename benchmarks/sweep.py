@@ -1,0 +1,392 @@
+"""Sweep: ``scatter_to_host`` against XLA, host round trips, copies and peers, one call per case.
+
+    python -m benchmarks.sweep            # full sweep, 4 GiB buffer (planned ~5 min on an H200)
+    python -m benchmarks.sweep --quick    # the targets only (planned ~1 min)
+    python -m benchmarks.sweep --cpu      # tiny CPU sweep (automatic without a GPU)
+    python -m benchmarks.sweep --dry-run  # print the plan and a time estimate
+
+Every provider writes the same indices and updates into a buffer of the same
+size; each (case, provider) is checked once against the numpy oracle on a
+sample of rows, then timed (median of at least ``--reps`` device-synchronized
+runs). Results go to ``--out`` as JSON and CSV (plus PNG plots with
+matplotlib); see benchmarks/README.md for what each provider measures. The
+exit status is 1 when a provider failed or one of ours gave a wrong result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from benchmarks import cases, checks, environment, plots, report, timing
+from benchmarks.cases import Case
+from benchmarks.memory import run_memory_probes
+from benchmarks.providers import (
+    ALL_PROVIDERS,
+    Provider,
+    build_providers,
+    default_providers,
+    torch_probe_notes,
+    unavailable,
+)
+from benchmarks.workspace import (
+    Bench,
+    CaseData,
+    CheckUpdates,
+    HostTarget,
+    layout_of,
+    main_updates,
+    make_case_data,
+    read_rows,
+)
+
+GIB, MIB = 1 << 30, 1 << 20
+CSV_LEADING = ["case", "provider", "pattern", "dtype", "row_bytes", "n_updates", "median_s",
+               "min_s", "max_s", "reps", "gbps", "updates_per_s", "ceiling_gbps",
+               "frac_of_ceiling", "correct", "status"]
+
+
+def base_record(bench: Bench, data: CaseData, name: str, impl: str) -> dict:
+    c = data.case
+    return {
+        "case": data.spec.name, "provider": name, "pattern": c.pattern,
+        "dtype": c.dtype, "row_bytes": c.row_bytes, "n_updates": c.n_updates,
+        "row_elems": data.row_elems, "num_rows": data.num_rows,
+        "buffer_bytes": bench.buffer_bytes, "payload_bytes": c.n_updates * c.row_bytes,
+        "status": "ok", "correct": None, "median_s": None, "min_s": None, "max_s": None,
+        "reps": 0, "gbps": None, "updates_per_s": None, "ceiling_gbps": None,
+        "frac_of_ceiling": None, "impl": impl, "check": None, "notes": "",
+    }
+
+
+def _call_once(bench: Bench, provider: Provider, bound) -> None:
+    state = bench.x if provider.target == "jax" else None
+    args = bound.prepare() if bound.prepare else bound.args
+    state = jax.block_until_ready(bound.step(state, *args))
+    if provider.target == "jax":
+        bench.x = state
+
+
+def check_once(bench: Bench, data: CaseData, provider: Provider, k: int) -> tuple[str, str]:
+    """Runs the provider once (compiling it) and checks sampled rows.
+
+    Returns ``(mismatch, captured output)``; the mismatch is "" when the rows
+    match the oracle.
+    """
+    updates = CheckUpdates.for_provider(bench, data, k)
+    bound = provider.bind(data, updates.as_kind(bench, data, provider.updates))
+    if provider.target != "none" and provider.target not in data.before:
+        data.before[provider.target] = read_rows(bench, data, provider.target)
+    with environment.captured_output() as out:
+        _call_once(bench, provider, bound)
+    if provider.target == "none":
+        return "", out["text"]
+    after = read_rows(bench, data, provider.target)
+    mismatch = checks.check_rows(
+        data.before[provider.target], after, data.sample, updates.host_hits(data),
+        duplicates=provider.duplicates,
+    )
+    if mismatch:
+        # A wrong provider may have changed sampled rows it must not touch:
+        # read them afresh for the next provider.
+        data.before.pop(provider.target)
+    return mismatch or "", out["text"]
+
+
+def measure(bench: Bench, data: CaseData, provider: Provider) -> timing.Timing | float:
+    """The timing, or the seconds of one run when that is over --max-run-s."""
+    bound = provider.bind(data, main_updates(bench, data, provider.updates))
+    state = bench.x if provider.target == "jax" else None
+    args = bench.args
+
+    def timed(state, repeats):
+        state, result = timing.measure(bound.step, state, *bound.args, repeats=repeats,
+                                       warmup=0, prepare=bound.prepare)
+        if provider.target == "jax":
+            bench.x = state
+        return state, result
+
+    state, warm = timed(state, args.warmup)
+    if warm.max_s > args.max_run_s:
+        return warm.max_s
+    reps = timing.choose_reps(warm.median_s, min_reps=args.reps, max_reps=args.max_reps,
+                              min_total_s=args.min_time_s)
+    return timed(state, reps)[1]
+
+
+def _fail(record: dict, err: BaseException) -> dict:
+    record["status"] = "error"
+    record["error"] = f"{type(err).__name__}: {err}"[:600]
+    return record
+
+
+def run_pair(bench: Bench, data: CaseData, provider: Provider, k: int) -> dict:
+    record = base_record(bench, data, provider.name, provider.impl)
+    reason = cases.static_skip(provider.name, data.case, bench.args, bench.gpu)
+    reason = reason or provider.skip(data)
+    if reason is None and bench.args.time_budget_s and bench.elapsed() > bench.args.time_budget_s:
+        reason = f"time budget of {bench.args.time_budget_s:.0f} s used up"
+    if reason:
+        record["status"] = "skipped: " + reason
+        return record
+    try:
+        mismatch, captured = check_once(bench, data, provider, k)
+        measured = measure(bench, data, provider)
+    except Exception as err:  # noqa: BLE001 - recorded as an error; the run fails at the end
+        if provider.target == "jax" and bench.ensure_buffer():
+            data.before.pop("jax", None)
+        return _fail(record, err)
+    record["notes"] = environment.first_lines(captured)
+    if provider.target != "none":
+        record["correct"] = not mismatch
+        record["check"] = mismatch[:600] or (
+            f"{data.sample.rows.size} sampled rows match the oracle ({provider.duplicates} "
+            "duplicate wins)")
+    if isinstance(measured, float):
+        record["status"] = f"skipped: one run took {measured:.2f} s > --max-run-s"
+        record["single_run_s"] = measured
+        return record
+    payload = data.case.n_updates * data.case.row_bytes
+    record.update(median_s=measured.median_s, min_s=measured.min_s, max_s=measured.max_s,
+                  reps=measured.reps, gbps=payload / measured.median_s / 1e9,
+                  updates_per_s=data.case.n_updates / measured.median_s)
+    return record
+
+
+def fill_ceiling(records: list[dict]) -> None:
+    ceiling = next((r for r in records if r["provider"] == "ceiling" and r["gbps"]), None)
+    if ceiling is None:
+        return
+    for r in records:
+        r["ceiling_gbps"] = ceiling["gbps"]
+        if r["gbps"]:
+            r["frac_of_ceiling"] = r["gbps"] / ceiling["gbps"]
+
+
+def run_case(bench: Bench, case: Case, providers: list[Provider], absent: dict[str, str],
+             progress) -> list[dict]:
+    num_rows, row_shape = layout_of(case, bench.buffer_bytes)
+    bench.set_layout(case.dtype, (num_rows, *row_shape))
+    data = make_case_data(bench, case)
+    records = []
+    try:
+        # Ceilings run first: the torch one writes the head of the host
+        # buffer, which must happen before that buffer's rows are sampled.
+        for k, provider in enumerate(providers):
+            records.append(run_pair(bench, data, provider, k))
+            progress.step(f"{case.pattern} {case.dtype} {case.row_bytes}B "
+                          f"n={report.format_count(case.n_updates)} {provider.name}")
+        for name, why in absent.items():
+            record = base_record(bench, data, name, "")
+            record["status"] = f"skipped: {why}"
+            records.append(record)
+    finally:
+        data.release()
+    fill_ceiling(records)
+    return records
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sweep",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="only the target cases")
+    p.add_argument("--cpu", action="store_true", help="force the tiny CPU sweep")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--out", type=Path, default=environment.REPO / "benchmarks" / "results")
+    p.add_argument("--providers", type=cases.choices(ALL_PROVIDERS), default=None,
+                   help=f"comma list from {', '.join(ALL_PROVIDERS)}")
+    p.add_argument("--patterns", type=cases.choices(cases.SWEPT_PATTERNS), default=None)
+    p.add_argument("--dtypes", type=cases.choices(cases.DTYPES), default=None)
+    p.add_argument("--row-bytes", type=cases.parse_counts, default=None, help="e.g. 4,512,8K")
+    p.add_argument("--counts", type=cases.parse_counts, default=None,
+                   help="update counts, e.g. 5,1K,16M")
+    p.add_argument("--max-buffer-gib", type=float, default=None,
+                   help="size of the pinned buffer (default 4 on GPU, 1/256 on CPU)")
+    p.add_argument("--max-payload-mib", type=float, default=None,
+                   help="cap on n_updates * row_bytes (default 512 on GPU, buffer/4 on CPU)")
+    p.add_argument("--big-buffer-gib", type=float, default=None,
+                   help="also probe device memory growth with a buffer this big (e.g. 32)")
+    p.add_argument("--no-memory-probe", action="store_true")
+    p.add_argument("--probe-updates", type=cases.parse_count, default=1 << 24)
+    p.add_argument("--reps", type=int, default=10, help="timed runs at least")
+    p.add_argument("--max-reps", type=int, default=200)
+    p.add_argument("--min-time-s", type=float, default=0.05,
+                   help="fast cases repeat until this much time is timed")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs after the checked one")
+    p.add_argument("--max-run-s", type=float, default=2.0,
+                   help="a provider whose single run is slower is not timed")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="skip what is left after this long (default 320 full, 70 quick)")
+    p.add_argument("--check-rows", type=int, default=65536, help="written rows checked at most")
+    p.add_argument("--check-mib", type=int, default=32, help="written bytes checked at most")
+    p.add_argument("--check-others", type=int, default=4096, help="random other rows checked")
+    p.add_argument("--roundtrip-min-updates", type=cases.parse_count, default=1 << 20)
+    p.add_argument("--interpret-max-updates", type=cases.parse_count, default=1 << 12)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    if args.reps < 1 or args.warmup < 1:
+        p.error(f"--reps and --warmup must be >= 1, got {args.reps} and {args.warmup}")
+    return args
+
+
+def resolve(args, gpu: bool) -> tuple[str, list[Case], list[tuple[Case, str]], dict]:
+    """The sweep's name, its planned cases, the dropped ones and the sizes."""
+    buffer_bytes = int((args.max_buffer_gib or (4.0 if gpu else 1 / 256)) * GIB)
+    max_payload = int(args.max_payload_mib * MIB) if args.max_payload_mib else (
+        512 * MIB if gpu else buffer_bytes // 4)
+    custom = any(v is not None for v in (args.patterns, args.dtypes, args.row_bytes, args.counts))
+    name = "custom" if custom else ("cpu" if not gpu else "quick" if args.quick else "full")
+    planned_cases = {"custom": lambda: cases.custom_sweep(args), "cpu": cases.cpu_sweep,
+                     "quick": cases.quick_sweep, "full": cases.full_sweep}[name]()
+    planned, dropped = [], []
+    for case in planned_cases:
+        reason = cases.why_not_planned(case, buffer_bytes, max_payload)
+        if reason:
+            dropped.append((case, reason))
+        else:
+            planned.append(case)
+    largest: dict[int, int] = {}
+    for c in planned:
+        if c.pattern == "random_unique" and c.dtype == "float32":
+            largest[c.row_bytes] = max(largest.get(c.row_bytes, 0), c.n_updates)
+    if args.time_budget_s is None:
+        args.time_budget_s = {"full": 320.0, "quick": 70.0}.get(name, 0.0)
+    sizes = {"buffer_bytes": buffer_bytes, "max_payload": max_payload}
+    return name, cases.order_plan(planned, largest), dropped, sizes
+
+
+def setup_bench(args, gpu: bool, sizes: dict, names: tuple[str, ...]) -> Bench:
+    bench = Bench(args, gpu, sizes["buffer_bytes"], sizes["max_payload"],
+                  np.random.default_rng(args.seed))
+    host_names = ("ceiling", "host_roundtrip", "torch_index_copy", "torch_triton_zerocopy")
+    if gpu and any(n in host_names for n in names):
+        torch, why = environment.optional_import("torch")
+        if torch is not None and not torch.cuda.is_available():
+            torch, why = None, "torch has no CUDA"
+        bench.torch = torch
+        if torch is None:
+            bench.notes["torch_unavailable"] = why
+        else:
+            bench.notes["torch"] = torch.__version__
+            bench.notes.update(torch_probe_notes(torch))
+    if any(n in host_names[1:] for n in names) or (bench.torch and "ceiling" in names):
+        bench.host = HostTarget(bench.buffer_bytes, bench.torch)
+    return bench
+
+
+def _print_plan(sweep, plan, dropped, sizes, names, args) -> None:
+    est = cases.estimate_sweep_seconds(plan, names, args, sizes)
+    print(f"sweep {sweep}: {len(plan)} cases x {len(names)} providers, buffer "
+          f"{sizes['buffer_bytes'] / GIB:g} GiB, payload cap {sizes['max_payload'] / MIB:g} MiB; "
+          f"rough GPU estimate {est:.0f} s; time budget "
+          f"{args.time_budget_s or 'none'}", flush=True)
+    for case, reason in dropped:
+        print(f"  not planned: {case.pattern} {case.dtype} {case.row_bytes}B "
+              f"n={report.format_count(case.n_updates)}: {reason}")
+    if args.dry_run:
+        for case in plan:
+            print(f"  {case.pattern} {case.dtype} {case.row_bytes}B "
+                  f"n={report.format_count(case.n_updates)}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.cpu:
+        jax.config.update("jax_platforms", "cpu")
+    probes = []
+    if not (args.cpu or args.no_memory_probe or args.dry_run) and shutil.which("nvidia-smi"):
+        sizes_gib = [args.max_buffer_gib or 4.0] + (
+            [args.big_buffer_gib] if args.big_buffer_gib else [])
+        # Before this process holds the GPU, so each probe's peak is its own.
+        probes = run_memory_probes(sizes_gib, args.probe_updates, args.seed)
+    gpu = not args.cpu and environment.has_gpu()
+    if not gpu and not args.cpu:
+        print("no GPU found: running the CPU sweep (as with --cpu)")
+    sweep, plan, dropped, sizes = resolve(args, gpu)
+    names = args.providers or default_providers(gpu, sweep)
+    _print_plan(sweep, plan, dropped, sizes, names, args)
+    if args.dry_run:
+        return 0
+    return run_all(args, gpu, sweep, plan, sizes, names, probes)
+
+
+def run_all(args, gpu, sweep, plan, sizes, names, probes) -> int:
+    bench = setup_bench(args, gpu, sizes, names)
+    absent = unavailable(bench, names)
+    providers = build_providers(bench, names)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"scatter_{sweep}"
+    meta = {"sweep": sweep, "argv": sys.argv[1:], "providers": [p.name for p in providers],
+            "providers_left_out": absent, "host_buffer": bench.host and bench.host.kind,
+            **sizes, **environment.environment(), **bench.notes}
+    for name, reason in absent.items():
+        print(f"  left out: {name}: {reason}")
+    records: list[dict] = []
+    progress = report.Progress(len(plan) * len(providers), desc=f"scatter {sweep}")
+    try:
+        for case in plan:
+            try:
+                records += run_case(bench, case, providers, absent, progress)
+            except Exception as err:  # noqa: BLE001 - e.g. out of memory making the data
+                print(f"case {case} failed: {type(err).__name__}: {err}", flush=True)
+                meta.setdefault("case_errors", []).append(f"{case}: {type(err).__name__}: {err}")
+            _write(args.out, stem, meta, records, probes, None)  # partial results survive a kill
+    finally:
+        progress.close()
+    summary = report.sweep_summary(records, probes, bench.buffer_bytes)
+    _write(args.out, stem, meta, records, probes, summary)
+    report.print_sweep_table(records, f"scatter_to_host benchmark ({sweep}, {meta['device_kind']})")
+    plotted = None if args.no_plots else plots.plot_sweep(records, args.out, stem, "ceiling")
+    if plotted is None and not args.no_plots:
+        print("matplotlib is not installed: no plots")
+    print(f"\nwrote {args.out / (stem + '.json')}, .csv and {len(plotted or [])} plot(s) "
+          f"in {bench.elapsed():.0f} s")
+    print("\nsummary:\n  " + "\n  ".join(summary or ["no target cases measured"]))
+    return exit_status(records, probes, meta)
+
+
+def exit_status(records: list[dict], probes: list[dict], meta: dict) -> int:
+    """1 when anything failed: a provider error, a case or probe error, a wrong result of ours.
+
+    Alternatives with a wrong result are reported, not failed: XLA's scatter
+    with repeated rows was seen (H200, 2026-12-02) to leave rows mixing
+    elements of different updates, which jnp's unspecified duplicate order
+    allows.
+    """
+    failed = False
+    for r in records:
+        if r["status"] == "error":
+            print(f"ERROR: {r['provider']} on {r['case']}: {r['error'][:300]}")
+            failed = True
+        if r["correct"] is False:
+            print(f"INCORRECT: {r['provider']} on {r['case']}: {r['check'][:200]}")
+            failed = failed or r["provider"].startswith("ours")
+    for p in probes:
+        if "error" in p:
+            print(f"ERROR: memory probe {p['buffer_gib']:g} GiB: {p['error'][:300]}")
+            failed = True
+    for line in meta.get("case_errors", []):
+        print(f"ERROR: case {line[:300]}")
+        failed = True
+    return 1 if failed else 0
+
+
+def _write(out: Path, stem: str, meta, records, probes, summary) -> None:
+    report.write_json(out / f"{stem}.json", {"meta": meta, "records": records,
+                                             "memory_probes": probes, "summary": summary})
+    report.write_csv(out / f"{stem}.csv", records, CSV_LEADING)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
