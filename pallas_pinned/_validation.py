@@ -213,8 +213,11 @@ def check_not_aliased(x: Any, *others: tuple[str, Any]) -> None:
 def check_backend_available(x: Any, backend: str) -> None:
     """Explicit kernel backends must be able to run where ``x`` is."""
     if backend == "triton":
-        # Raises ImportError naming the extra when jax-triton is missing.
-        from pallas_pinned.kernels import scatter_triton  # noqa: F401
+        # ImportError naming the extra when triton or jax-triton is missing:
+        # a missing extra is reported before the platform.
+        from pallas_pinned.kernels import triton_common
+
+        triton_common.check_installed()
     if backend in ("pallas", "triton") and _placement.platform_of(x) != "gpu":
         raise NotImplementedError(
             f"backend={backend!r} compiles a Triton kernel and needs a CUDA GPU, but x is on "
