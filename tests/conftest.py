@@ -1,25 +1,23 @@
-"""Test setup shared by the CPU suite and the GPU marker.
+"""Test setup shared by every module: two CPU devices, the GPU marker, seeds, the skip summary.
 
 Two CPU devices exist so that "inputs on different devices" is testable on a
 laptop; GPU tests (``@pytest.mark.gpu``) are skipped unless a CUDA GPU is seen.
 """
 
-import os
+from __future__ import annotations
 
-# Two host devices for the cross-device error tests. Must happen before jax
-# initializes its backends.
-os.environ.setdefault("XLA_FLAGS", "")
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import collections
+import zlib
 
+import jax
+import numpy as np
+import pytest
+
+# Two CPU devices for the cross-device error tests. The option must be set
+# before jax initializes its backends, i.e. before anything asks for devices.
 jax.config.update("jax_num_cpu_devices", 2)
 
-
-def has_gpu() -> bool:
-    try:
-        return bool(jax.devices("gpu"))
-    except RuntimeError:
-        return False
+from tests.helpers import has_gpu  # noqa: E402  (its import may initialize backends)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,3 +27,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def rng(request):
+    """A different random stream per test case, the same in every process and run.
+
+    Seeded by a CRC of the test id: ``hash()`` of a string changes from one
+    process to the next (PYTHONHASHSEED), which would make failures unrepeatable.
+    """
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    # "needs a CUDA GPU (marker 'gpu'); none found" -> "needs a CUDA GPU".
+    return reason.split(" (", 1)[0].split(";", 1)[0].strip()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line of skip reasons with their counts, just above pytest's own last line."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    counts = collections.Counter(_skip_reason(report) for report in skipped)
+    summary = "; ".join(f"{count} {reason}" for reason, count in counts.most_common())
+    terminalreporter.write_line(f"skipped: {summary}")

@@ -1,19 +1,56 @@
-"""Small helpers shared by the test modules (placement, reading back)."""
+"""What the test modules share: the backend list, placement, data and result checks.
+
+The oracles themselves live in :mod:`pallas_pinned.testing` (shared with the
+benchmarks); this module only adapts them to the tests' habits.
+"""
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
-from pallas_pinned.testing import assert_same, scatter_oracle
+from pallas_pinned import testing
+from pallas_pinned.testing import assert_same, gather_oracle, scatter_oracle
 
 
-def gpu_available() -> bool:
+def has_gpu() -> bool:
+    """Whether jax sees a CUDA GPU (the ``gpu`` marker runs only then)."""
     try:
         return bool(jax.devices("gpu"))
     except RuntimeError:
         return False
+
+
+def triton_available() -> bool:
+    try:
+        import pallas_pinned.kernels.scatter_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Every correctness case runs through each backend. "pallas" and "triton"
+# compile Triton kernels, so they exist on a GPU only; "triton" also needs
+# the optional extra.
+PALLAS = pytest.param("pallas", marks=pytest.mark.gpu)
+TRITON = pytest.param(
+    "triton",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not triton_available(), reason="needs pallas-pinned[triton]"),
+    ],
+)
+BACKENDS = ["xla", "interpret", "auto", PALLAS, TRITON]
+KERNEL_BACKENDS = ["interpret", PALLAS, TRITON]
+assert sorted(p if isinstance(p, str) else p.values[0] for p in BACKENDS) == sorted(
+    testing.BACKENDS
+), "tests/helpers.py must list every backend of pallas_pinned.testing.BACKENDS"
+
+
+# --- placement -----------------------------------------------------------------
 
 
 def default_device():
@@ -34,6 +71,40 @@ def read(array: jax.Array) -> np.ndarray:
     return np.asarray(array)
 
 
+# --- data ----------------------------------------------------------------------
+
+
+def np_dtype(dtype: str):
+    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def exact_values(rng, shape, dtype: str) -> np.ndarray:
+    """Random non-zero data whose sums are exact: quarters in [-16, 16) for floats.
+
+    Sums of such values do not depend on their order, so the add oracle and
+    every kernel must agree bit for bit. Integers span their full range
+    (sums wrap).
+    """
+    if np.issubdtype(np.dtype(np_dtype(dtype)), np.integer):
+        return testing.make_values(rng, shape, dtype)
+    quarters = rng.integers(-64, 64, size=shape)
+    quarters[quarters == 0] = 1
+    return (quarters / 4).astype(np_dtype(dtype))
+
+
+def mixed_indices(rng, num_rows: int, shape) -> np.ndarray:
+    """Negative, out-of-range (both sides) and repeated rows, all in one batch."""
+    idx = rng.integers(-num_rows - 3, num_rows + 3, size=shape)
+    flat = idx.reshape(-1)
+    if flat.size >= 3:
+        flat[1] = flat[0]  # A sure duplicate.
+        flat[2] = -1  # The last row, through wrapping.
+    return idx
+
+
+# --- result checks ---------------------------------------------------------------
+
+
 def check_scatter(out, x0, indices, updates, mode=None, *, kind="pinned_host") -> None:
     """The result has the buffer's memory kind and equals the numpy oracle."""
     assert out.sharding.memory_kind == kind, out.sharding
@@ -43,24 +114,10 @@ def check_scatter(out, x0, indices, updates, mode=None, *, kind="pinned_host") -
     assert_same(read(out), scatter_oracle(x0, idx, upd, mode))
 
 
-def triton_available() -> bool:
-    try:
-        import pallas_pinned.kernels.scatter_triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-# Every correctness case runs through each backend. "pallas" and "triton"
-# compile Triton kernels, so they exist on a GPU only; "triton" also needs
-# the optional jax-triton extra.
-PALLAS = pytest.param("pallas", marks=pytest.mark.gpu)
-TRITON = pytest.param(
-    "triton",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not triton_available(), reason="needs pallas-pinned[triton]"),
-    ],
-)
-BACKENDS = ["xla", "interpret", "auto", PALLAS, TRITON]
-KERNEL_BACKENDS = ["interpret", PALLAS, TRITON]
+def check_gather(out, x0, idx, mode=None, fill_value=None) -> None:
+    """Device memory, jnp's answer, and the oracle's (which must agree with jnp)."""
+    assert out.sharding.memory_kind == "device", out.sharding
+    kwargs = {} if fill_value is None else {"fill_value": fill_value}
+    expected = np.asarray(jnp.asarray(x0).at[jnp.asarray(idx)].get(mode=mode, **kwargs))
+    assert_same(read(out), expected, what="vs jnp")
+    assert_same(expected, gather_oracle(x0, np.asarray(idx), mode, fill_value), what="oracle")

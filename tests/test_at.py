@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,14 +9,7 @@ import pytest
 
 from pallas_pinned.at import at
 from pallas_pinned.testing import assert_same, make_values
-from tests.helpers import put, read
-
-BACKENDS = ["xla", "interpret", "auto", pytest.param("pallas", marks=pytest.mark.gpu)]
-
-
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+from tests.helpers import BACKENDS, put, read
 
 
 def _quarters(rng, shape):

@@ -1,4 +1,9 @@
-"""Bad input is rejected before anything runs, and the buffer survives intact."""
+"""Bad input is rejected before anything runs, and the buffer survives intact.
+
+scatter_to_host first, then gather_from_host and scatter_add_to_host, then the
+rules all three share (masks, float indices, ragged lists, a consumed buffer,
+a buffer passed as its own updates or indices).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from tests.helpers import put, read
+from pallas_pinned.gather import gather_from_host
+from pallas_pinned.scatter_add import scatter_add_to_host
+from tests.helpers import has_gpu, put, read
 
 X0 = np.arange(24, dtype=np.float32).reshape(8, 3) + 0.5
 
@@ -27,7 +34,7 @@ BAD_CALLS = {
     "updates with a wrong row width": (1, np.ones(4), {}, ValueError, r"\(4,\)"),
     "string updates": (1, np.array(["a", "b", "c"]), {}, TypeError, "<U1"),
     "unknown mode": (1, 0.0, {"mode": "wrap"}, ValueError, "'wrap'"),
-    "fill is a gather mode": (1, 0.0, {"mode": "fill"}, ValueError, "'fill'"),
+    "a gather-only keyword": (1, 0.0, {"fill_value": 0.0}, TypeError, "fill_value"),
     "unknown backend": (1, 0.0, {"backend": "cuda"}, ValueError, "'cuda'"),
     "tuple index (several axes)": ((1, 2), 0.0, {}, NotImplementedError, r"\(1, 2\)"),
     "None index": (None, 0.0, {}, NotImplementedError, "None"),
@@ -94,3 +101,196 @@ def test_pallas_offsets_guard():
     assert not offsets_fit((2**16, 2**16), np.bool_)
     assert offsets_fit((2**32 + 1,), np.uint8)  # Over 2**32 bytes: 64-bit offsets.
     assert offsets_fit((2**31,), np.float16)
+
+
+# --- gather_from_host and scatter_add_to_host -------------------------------------
+
+
+def _x():
+    return put(np.arange(12, dtype=np.float32).reshape(6, 2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"mode": "wrap"}, ValueError, "'wrap'"),  # not a jnp get mode
+        ({"backend": "cuda"}, ValueError, "'cuda'"),
+        ({"indices": np.array([1.0])}, TypeError, "float64"),
+        ({"indices": (1, 0)}, NotImplementedError, "Tuples"),
+        ({"indices": True}, TypeError, "bool"),
+        ({"mode": "fill", "fill_value": np.array([1.0, 2.0])}, ValueError, r"\(2,\)"),
+        ({"mode": "fill", "fill_value": "zero"}, TypeError, "'zero'"),
+        ({"mode": "fill", "fill_value": 1j}, TypeError, "1j"),
+        ({"backend": "pallas"}, NotImplementedError, "'cpu'"),  # no GPU here
+    ],
+)
+def test_gather_bad_input(kwargs, error, match):
+    if kwargs.get("backend") == "pallas" and has_gpu():
+        pytest.skip("the pallas backend exists on a GPU")
+    kwargs = {"indices": np.array([1, 2]), **kwargs}
+    with pytest.raises(error, match=match):
+        gather_from_host(_x(), **kwargs)
+
+
+def test_gather_bad_buffers():
+    with pytest.raises(TypeError, match="ndarray"):
+        gather_from_host(np.zeros((4, 2)), [1])
+    with pytest.raises(ValueError, match=r"shape \(\)"):
+        gather_from_host(jnp.float32(1.0), [0])
+    with pytest.raises(ValueError, match=r"mode='clip'"):  # No row to clamp to.
+        gather_from_host(put(np.zeros((0, 2), np.float32)), [0], mode="clip")
+
+
+def test_gather_traced_fill_value_is_refused():
+    with pytest.raises(TypeError, match="static scalar"):
+        jax.jit(lambda v: gather_from_host(_x(), [9], mode="fill", fill_value=v))(1.0)
+
+
+def test_gather_indices_on_another_device():
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices")
+    with pytest.raises(ValueError, match="indices is on"):
+        gather_from_host(_x(), jax.device_put(jnp.array([1]), jax.devices()[1]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"mode": "wrap"}, ValueError, "'wrap'"),  # not a jnp scatter mode
+        ({"updates": np.ones((3, 2))}, ValueError, r"\(3, 2\)"),
+        ({"updates": np.array(["a", "b"])}, TypeError, "<U1"),
+        ({"indices": np.array([0.5, 1.0])}, TypeError, "float64"),
+        ({"backend": "pallas"}, NotImplementedError, "'cpu'"),
+    ],
+)
+def test_add_bad_input_leaves_x_alone(kwargs, error, match):
+    if kwargs.get("backend") == "pallas" and has_gpu():
+        pytest.skip("the pallas backend exists on a GPU")
+    x = _x()
+    kwargs = {"indices": np.array([1, 2]), "updates": np.ones((2, 2), np.float32), **kwargs}
+    with pytest.raises(error, match=match):
+        scatter_add_to_host(x, **kwargs)
+    assert not x.is_deleted()
+
+
+def test_add_into_bool_is_refused_as_in_jnp():
+    with pytest.raises(TypeError, match="bool"):
+        scatter_add_to_host(put(np.ones((4, 2), bool)), [1], True)
+
+
+def test_add_updates_on_another_device():
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices")
+    x = _x()
+    with pytest.raises(ValueError, match="updates is on"):
+        scatter_add_to_host(x, [1], jax.device_put(jnp.ones((1, 2)), jax.devices()[1]))
+    assert not x.is_deleted()
+
+
+# --- rules the three ops share -------------------------------------------------------
+
+# Each op called as users call it, with one index and the matching updates.
+OPS = {
+    "set": lambda x, i, **kw: pp.scatter_to_host(x, i, 1.0, **kw),
+    "add": lambda x, i, **kw: pp.scatter_add_to_host(x, i, 1.0, **kw),
+    "get": lambda x, i, **kw: pp.gather_from_host(x, i, **kw),
+    "at.set": lambda x, i, **kw: pp.at(x)[i].set(1.0, **kw),
+}
+
+MASKS = {
+    "numpy bool array": np.arange(8) % 3 == 0,
+    "jax bool array": jnp.arange(8) % 3 == 0,
+    "python True": True,
+    "python False": False,
+    "numpy bool scalar": np.bool_(True),
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("mask", MASKS, ids=list(MASKS))
+def test_boolean_masks_point_to_nonzero_with_drop(x, op, mask):
+    # A mask selects a data-dependent number of rows; the advice is the
+    # fixed-size jnp.nonzero padded with an out-of-range row that mode="drop"
+    # skips, not a cast (.astype would turn the mask into rows 0 and 1).
+    with pytest.raises(TypeError) as raised:
+        OPS[op](x, MASKS[mask])
+    message = str(raised.value)
+    assert "jnp.nonzero(mask, size=" in message and "fill_value=" in message, message
+    assert "mode='drop'" in message, message
+    assert ".astype" not in message, message
+    assert not x.is_deleted()
+
+
+FLOAT_INDICES = {
+    "python float": 1.0,
+    "numpy float64 scalar": np.float64(1.0),
+    "numpy float32 scalar": np.float32(1.0),
+    "numpy float array": np.array([1.0, 2.0]),
+    "numpy float16 array": np.array([1.0], np.float16),
+    "jax float array": jnp.array([1.0, 2.0]),
+    "list of floats": [1.0, 2.0],
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("index", FLOAT_INDICES, ids=list(FLOAT_INDICES))
+def test_every_float_index_is_a_type_error(x, op, index):
+    with pytest.raises(TypeError, match="indices must be integers"):
+        OPS[op](x, FLOAT_INDICES[index])
+    assert not x.is_deleted()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_ragged_list_is_refused_by_name(x, op):
+    with pytest.raises(ValueError, match="ragged"):
+        OPS[op](x, [[1, 2], [3]])
+    assert not x.is_deleted()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_consumed_buffer_is_refused_up_front(x, op):
+    pp.scatter_to_host(x, 0, 2.0)  # Consumes x, as if donated.
+    assert x.is_deleted()
+    with pytest.raises(ValueError, match="earlier call"):
+        OPS[op](x, 1)
+
+
+def _int_buffer():
+    return put(np.arange(8, dtype=np.int32)[::-1].copy())
+
+
+def _same_buffer_other_object(x):
+    return jax.make_array_from_single_device_arrays(
+        x.shape, x.sharding, [shard.data for shard in x.addressable_shards]
+    )
+
+
+ALIASED = {
+    # name: (indices, updates) built from the buffer x (int32, 8 rows of one element)
+    "updates is x": lambda x: (slice(None), x),
+    "indices is x": lambda x: (x, 1),
+    "both are x": lambda x: (x, x),
+    "updates share x's buffer": lambda x: (slice(None), _same_buffer_other_object(x)),
+}
+IN_PLACE_OPS = {"set": pp.scatter_to_host, "add": pp.scatter_add_to_host}
+
+
+@pytest.mark.parametrize("op", IN_PLACE_OPS)
+@pytest.mark.parametrize("case", ALIASED)
+def test_the_buffer_as_its_own_updates_or_indices_is_refused(op, case):
+    # x is consumed (donated) by the call, so it cannot also be read from.
+    x = _int_buffer()
+    indices, updates = ALIASED[case](x)
+    with pytest.raises(ValueError, match="is the buffer x itself"):
+        IN_PLACE_OPS[op](x, indices, updates)
+    assert not x.is_deleted()
+    np.testing.assert_array_equal(read(x), np.arange(8)[::-1])
+
+
+@pytest.mark.parametrize("op", IN_PLACE_OPS)
+def test_the_buffer_as_its_own_updates_is_refused_under_jit(op):
+    x = _int_buffer()
+    fn = jax.jit(lambda x: IN_PLACE_OPS[op](x, slice(None), x), donate_argnums=0)
+    with pytest.raises(ValueError, match="updates is the buffer x itself"):
+        fn(x)
+    assert not x.is_deleted()

@@ -1,8 +1,10 @@
 """GPU-only checks of the pinned-host path (marker ``gpu``; run on the H200).
 
-The randomized suite in test_scatter.py also runs its "pallas" cases on a GPU;
-this file covers what only a GPU shows: the compiled HLO, donation of the
-host buffer, device memory that stays flat, buffers past 2**31 elements.
+The randomized suites (test_scatter.py, test_gather.py, test_scatter_add.py)
+also run their "pallas" and "triton" cases on a GPU; this file covers what
+only a GPU shows: the compiled HLO, donation of the host buffer, device memory
+that stays flat, buffers past 2**31 elements. scatter_to_host first, then
+gather_from_host and scatter_add_to_host.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from tests.helpers import put, sharding
+from pallas_pinned.gather import gather_from_host
+from pallas_pinned.scatter_add import scatter_add_to_host
+from tests.helpers import put, read, sharding
 
 pytestmark = pytest.mark.gpu
 
@@ -104,17 +108,32 @@ def test_buffer_past_2_31_elements():
     np.testing.assert_array_equal(_host_rows(out, targets + 1)[:-2], 0)  # Neighbours untouched.
 
 
-def _compiled_hlo(fn, *args, donate=True) -> str:
+def _compiled_hlo(fn, *args, donate: bool) -> str:
     jitted = jax.jit(fn, donate_argnums=(0,) if donate else ())
     return jitted.lower(*args).compile().as_text()
+
+
+def _triton_calls(hlo: str) -> list[str]:
+    return [line for line in hlo.splitlines() if "__gpu$xla.gpu.triton" in line]
+
+
+def _run_without_host_compute_offload(script: str) -> subprocess.CompletedProcess:
+    """Runs ``script`` where XLA refuses to turn any op into host compute."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_disable_automatic_host_compute_offload=true"
+    ).strip()
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_hlo_kernel_in_host_memory_no_copy():
     x = put(np.ones((4096, 64), np.float32))
     idx = jnp.arange(100, dtype=jnp.int32) * 7
     upd = jnp.ones((100, 64), jnp.float32)
-    hlo = _compiled_hlo(lambda x, i, u: pp.scatter_to_host(x, i, u), x, idx, upd)
-    calls = [line for line in hlo.splitlines() if "__gpu$xla.gpu.triton" in line]
+    hlo = _compiled_hlo(lambda x, i, u: pp.scatter_to_host(x, i, u), x, idx, upd, donate=True)
+    calls = _triton_calls(hlo)
     assert len(calls) == 1, hlo
     # Result and aliased buffer operand both in memory space S(5) (pinned host).
     assert re.search(r"=\s*f32\[4096,64\]\{1,0:S\(5\)\}\s*custom-call", calls[0]), calls[0]
@@ -154,13 +173,7 @@ def test_compiles_with_automatic_host_compute_offload_disabled():
         print("ok", out.sharding.memory_kind)
         """
     )
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_disable_automatic_host_compute_offload=true"
-    ).strip()
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = _run_without_host_compute_offload(script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ok pinned_host" in done.stdout
 
@@ -174,3 +187,80 @@ def test_eager_call_updates_in_place():
     np.testing.assert_array_equal(
         _host_rows(out, np.array([3, 999, 4])), np.stack([np.ones(16), np.ones(16), np.zeros(16)])
     )
+
+
+# --- gather_from_host and scatter_add_to_host ---------------------------------------
+
+
+@pytest.mark.parametrize("n", [100, 20000])  # below and above the sort crossover
+def test_gather_hlo_reads_the_host_buffer_in_place(n):
+    x = put(np.ones((32768, 64), np.float32))
+    idx = (jnp.arange(n, dtype=jnp.int32) * 7919) % 32768
+    hlo = _compiled_hlo(lambda x, i: gather_from_host(x, i), x, idx, donate=False)
+    calls = _triton_calls(hlo)
+    assert len(calls) == 1, hlo
+    # The kernel's operand is the buffer parameter itself, which lives in
+    # pinned host memory, S(5); the result does not. (The call line lists
+    # operands by name; their memory space shows on the parameter's line.)
+    param = re.search(r"(%[\w.]+) = f32\[32768,64\]\{1,0:S\(5\)\} parameter\(0\)", hlo)
+    assert param, hlo
+    assert re.search(rf"custom-call\([^)]*{re.escape(param.group(1))}\)", calls[0]), calls[0]
+    assert re.search(rf"=\s*f32\[{n},64\]\{{1,0\}}\s*custom-call", calls[0]), calls[0]
+    # Nothing but the parameter has the buffer's shape: no copy of it anywhere.
+    full = [ln for ln in hlo.splitlines() if re.search(r"=\s*f32\[32768,64\]", ln)]
+    assert all("parameter(" in ln for ln in full), full
+    assert "host-compute" not in hlo.lower()
+
+
+def test_add_hlo_updates_the_host_buffer_in_place():
+    x = put(np.ones((4096, 64), np.float32))
+    idx = jnp.arange(100, dtype=jnp.int32) % 37  # duplicates: combined first
+    upd = jnp.ones((100, 64), jnp.float32)
+    hlo = _compiled_hlo(lambda x, i, u: scatter_add_to_host(x, i, u), x, idx, upd, donate=True)
+    calls = _triton_calls(hlo)
+    assert len(calls) == 1, hlo
+    assert re.search(r"=\s*f32\[4096,64\]\{1,0:S\(5\)\}\s*custom-call", calls[0]), calls[0]
+    assert "output_to_operand_aliasing={{}: (2, {})}" in calls[0], calls[0]
+    assert not re.search(r"f32\[4096,64\]\{[^}]*\}\s+copy\(", hlo), "the buffer was copied"
+    assert "host-compute" not in hlo.lower()
+
+
+def test_gather_does_not_grow_device_memory_with_the_buffer():
+    x = put(np.zeros((1 << 27,), np.float32))  # 512 MiB on the host
+    jax.block_until_ready(x)
+    before = _bytes_in_use()
+    out = gather_from_host(x, jnp.arange(1000) * 1000)
+    jax.block_until_ready(out)
+    grown = _bytes_in_use() - before
+    assert grown < 64 * 2**20, grown
+
+
+def test_add_eager_call_updates_in_place():
+    x = put(np.zeros((1000, 16), np.float32))
+    pointer = x.unsafe_buffer_pointer()
+    out = scatter_add_to_host(x, jnp.array([3, 3, 999]), jnp.ones((3, 16), jnp.float32))
+    assert x.is_deleted()
+    assert out.unsafe_buffer_pointer() == pointer
+    rows = read(out)
+    assert (rows[3] == 2).all() and (rows[999] == 1).all() and (rows[4] == 0).all()
+
+
+def test_gather_and_add_compile_with_automatic_host_compute_offload_disabled():
+    # If either op were turned into host compute, XLA would refuse here.
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp, numpy as np
+        from pallas_pinned.scatter_add import scatter_add_to_host
+        from pallas_pinned.gather import gather_from_host
+        host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+        x = jax.device_put(np.zeros((1 << 20,), np.float32), host)
+        add = jax.jit(lambda x, i: scatter_add_to_host(x, i, 1.0), donate_argnums=(0,))
+        x = add(x, jnp.array([0, 0, 3]))
+        got = jax.jit(lambda x, i: gather_from_host(x, i, mode="fill"))(x, jnp.array([0, 3, 9, -1]))
+        assert np.asarray(got).tolist() == [2, 1, 0, 0], np.asarray(got)
+        print("ok", x.sharding.memory_kind, got.sharding.memory_kind)
+        """
+    )
+    done = _run_without_host_compute_offload(script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ok pinned_host device" in done.stdout

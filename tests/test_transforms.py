@@ -1,4 +1,4 @@
-"""jax transformations around scatter_to_host: grad w.r.t. updates, and clear refusals."""
+"""jax transformations around the three ops: grad w.r.t. updates, vmap, and clear refusals."""
 
 from __future__ import annotations
 
@@ -8,10 +8,16 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from tests.helpers import BACKENDS, put
+from pallas_pinned.gather import gather_from_host
+from pallas_pinned.scatter_add import scatter_add_to_host
+from pallas_pinned.testing import assert_same, gather_oracle
+from tests.helpers import BACKENDS, check_gather, put, read
 
-X0 = np.arange(12.0, dtype=np.float32).reshape(6, 2)
+X0 = np.arange(12.0, dtype=np.float32).reshape(6, 2) + 1
 WEIGHTS = jnp.arange(12.0, dtype=jnp.float32).reshape(6, 2) + 1
+
+
+# --- scatter_to_host -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -47,3 +53,98 @@ def test_vmap_is_refused_with_the_alternative():
     x = jnp.array(X0)
     with pytest.raises(NotImplementedError, match=r"indices.reshape\(-1\)"):
         jax.vmap(lambda i: pp.scatter_to_host(x, i, 1.0))(jnp.array([[1], [2]]))
+
+
+# --- gather_from_host ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["device", "pinned_host"])
+def test_vmap_of_gather_over_indices_is_one_call(backend, kind):
+    idx = jnp.array([[0, -1, 3], [12, -13, 5]])
+    x = put(X0, kind)
+    out = jax.vmap(lambda i: gather_from_host(x, i, mode="fill", backend=backend))(idx)
+    check_gather(out, X0, np.asarray(idx), "fill")
+    out = jax.jit(jax.vmap(lambda i: gather_from_host(x, i, backend=backend), 1, 1))(idx)
+    check_gather(out, X0, np.asarray(idx))
+
+
+def test_vmap_of_gather_over_device_buffers_works_and_over_host_buffers_is_refused():
+    xs = np.stack([X0, X0 + 100])
+    idx = jnp.array([[0, 5], [-1, 2]])
+    out = jax.vmap(lambda x, i: gather_from_host(x, i))(jnp.asarray(xs), idx)
+    assert_same(read(out), np.stack([gather_oracle(xs[b], np.asarray(idx[b])) for b in (0, 1)]))
+    with pytest.raises(NotImplementedError, match="vmap over the indices"):
+        jax.vmap(lambda x, i: gather_from_host(x, i))(put(xs), idx)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["fill", "clip"])
+def test_grad_of_gather_for_a_device_buffer(backend, mode):
+    # Clamped rows receive the cotangent of the rows they read; filled ones none.
+    idx = jnp.array([[0, -1, 3], [9, -13, 3]])
+    weights = jnp.arange(12.0).reshape(2, 3, 2)
+
+    def loss(gather, x):
+        return jnp.sum(gather(x) * weights)
+
+    ours = jax.grad(
+        lambda x: loss(
+            lambda x: gather_from_host(x, idx, mode=mode, fill_value=0.0, backend=backend), x
+        )
+    )(jnp.asarray(X0))
+    jnps = jax.grad(lambda x: loss(lambda x: x.at[idx].get(mode=mode, fill_value=0.0), x))(
+        jnp.asarray(X0)
+    )
+    assert_same(ours, np.asarray(jnps))
+
+
+def test_grad_of_gather_for_a_host_buffer_is_refused_but_stop_gradient_works():
+    x = put(X0)
+    with pytest.raises(TypeError, match="stop_gradient"):
+        jax.grad(lambda x: jnp.sum(gather_from_host(x, [1, 2])))(x)
+    with pytest.raises(TypeError, match="pinned_host"):
+        jax.jvp(lambda x: gather_from_host(x, [1]), (x,), (jnp.ones_like(X0),))
+    # Differentiating with respect to something else is fine.
+    grad = jax.grad(lambda w: jnp.sum(gather_from_host(jax.lax.stop_gradient(x), [1, 2]) * w))(
+        jnp.ones((2, 2))
+    )
+    assert_same(grad, X0[1:3])
+
+
+# --- scatter_add_to_host ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["device", "pinned_host"])
+@pytest.mark.parametrize("mode", [None, "clip"])
+def test_grad_of_add_with_respect_to_updates(backend, kind, mode):
+    # Every update that lands gets its row's cotangent (duplicates too);
+    # dropped ones none, clipped ones that of the edge row.
+    idx = jnp.array([1, 4, 1, -1, 9, -9])
+    upd = jnp.arange(12.0, dtype=jnp.float32).reshape(6, 2) + 100
+
+    def loss(u):
+        out = scatter_add_to_host(put(X0, kind), idx, u, mode=mode, backend=backend)
+        return jnp.sum(jax.device_put(out, jax.memory.Space.Device) * WEIGHTS)
+
+    expected = jax.grad(lambda u: jnp.sum(jnp.asarray(X0).at[idx].add(u, mode=mode) * WEIGHTS))(upd)
+    assert_same(jax.grad(loss)(upd), np.asarray(expected))
+
+
+def test_grad_of_add_of_a_broadcast_scalar():
+    def loss(value):
+        return jnp.sum(scatter_add_to_host(jnp.asarray(X0), jnp.array([0, 0, 9]), value))
+
+    assert jax.grad(loss)(2.0) == 4.0  # Two landing rows of two elements; 9 is dropped.
+
+
+def test_grad_of_add_with_respect_to_the_buffer_is_refused():
+    with pytest.raises(TypeError, match="stop_gradient"):
+        jax.grad(lambda x: jnp.sum(scatter_add_to_host(x, 1, 0.0)))(jnp.asarray(X0))
+
+
+def test_vmap_of_add_is_refused_with_the_alternative():
+    x = jnp.asarray(X0)
+    with pytest.raises(NotImplementedError, match=r"indices.reshape\(-1\)"):
+        jax.vmap(lambda i: scatter_add_to_host(x, i, 1.0))(jnp.array([[1], [2]]))

@@ -1,0 +1,184 @@
+"""scatter_add_to_host against jnp and the numpy oracle, on every backend.
+
+Every case runs through the XLA fallback, the Pallas kernel in interpret mode,
+"auto", and (marker ``gpu``) the compiled kernels. Buffers hold fresh random
+data, never zeros; rows the kernel added into twice or not at all show up as
+mismatches. Values are multiples of 1/4 (``exact_values``), so sums are exact
+and their order cannot matter. Bad input: tests/test_errors.py; vmap and grad:
+tests/test_transforms.py.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_pinned import tuning
+from pallas_pinned.scatter_add import scatter_add_to_host
+from pallas_pinned.testing import assert_same, make_values, scatter_add_oracle
+from tests.helpers import BACKENDS, exact_values, mixed_indices, np_dtype, put, read
+
+ADD_DTYPES = ["float32", "bfloat16", "float16", "int32", "int8", "uint8"]
+ADD_MODES = [None, "drop", "clip"]
+
+
+@pytest.fixture
+def small_sort_crossover():
+    """Makes batches of 64+ distinct rows take the sorted (coalescing) kernel path.
+
+    The thresholds are part of the ops' jit cache keys, so no cache clearing.
+    """
+    with tuning.override(sort_min_adds=64):
+        yield
+
+
+def _run_add(backend, x0, idx, upd, *, mode=None, kind="pinned_host", **kwargs):
+    x = put(x0, kind)
+    out = scatter_add_to_host(
+        x, jnp.asarray(idx), jnp.asarray(upd), mode=mode, backend=backend, **kwargs
+    )
+    assert out.sharding.memory_kind == kind, out.sharding
+    assert_same(read(out), scatter_add_oracle(x0, idx, upd, mode))
+    return x, out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ADD_DTYPES)
+@pytest.mark.parametrize("mode", ADD_MODES)
+def test_add_dtypes_and_modes(rng, backend, dtype, mode):
+    # Negative, out-of-range and repeated rows in one batch, every dtype.
+    x0 = exact_values(rng, (13, 3), dtype)
+    idx = mixed_indices(rng, 13, (4, 5))
+    upd = exact_values(rng, (4, 5, 3), dtype)
+    _run_add(backend, x0, idx, upd, mode=mode)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_add_promise_in_bounds_with_valid_indices(rng, backend):
+    # Unchecked mode is defined for in-range indices only (negatives wrap).
+    x0 = exact_values(rng, (30, 4), "float32")
+    idx = np.array([3, -1, 7, 3, 0, -30, 29])
+    upd = exact_values(rng, (7, 4), "float32")
+    _run_add(backend, x0, idx, upd, mode="promise_in_bounds")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("row_shape", [(), (3,), (100,), (4, 25), (0,)])  # as for gather
+def test_add_row_shapes(rng, backend, row_shape):
+    x0 = exact_values(rng, (23, *row_shape), "float32")
+    idx = mixed_indices(rng, 23, (11,))
+    upd = exact_values(rng, (11, *row_shape), "float32")
+    _run_add(backend, x0, idx, upd)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [0, 1, 5, 1027])  # as for gather
+def test_add_counts(rng, backend, n):
+    x0 = exact_values(rng, (1500, 3), "bfloat16")
+    idx = mixed_indices(rng, 1500, (n,))
+    upd = exact_values(rng, (n, 3), "bfloat16")
+    _run_add(backend, x0, idx, upd)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("promise", ["unique", "sorted", "both"])
+def test_add_honest_promises(rng, backend, promise, small_sort_crossover):
+    # unique_indices skips combining (and, unsorted, takes the coalescing
+    # sort above the lowered crossover); sorted skips the sorts.
+    x0 = exact_values(rng, (400, 3), "float32")
+    idx = rng.permutation(450)[:200]  # Distinct; some past the end are dropped.
+    if promise != "unique":
+        idx = np.sort(idx)
+    upd = exact_values(rng, (200, 3), "float32")
+    kwargs = {
+        "unique_indices": promise in ("unique", "both"),
+        "indices_are_sorted": promise in ("sorted", "both"),
+    }
+    _run_add(backend, x0, idx, upd, **kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_add_unique_promise_with_clip_still_combines(rng, backend):
+    # Distinct indices can clip onto the same edge row; both additions count.
+    x0 = exact_values(rng, (5, 2), "float32")
+    idx = np.array([7, 9, -8, 2])
+    upd = exact_values(rng, (4, 2), "float32")
+    _run_add(backend, x0, idx, upd, mode="clip", unique_indices=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_add_half_precision_sums_in_float32(backend, dtype):
+    # 300 ones into one row: float32 sums give 300 (exact in both types);
+    # jnp's running 16-bit sum stalls at 256 in bfloat16.
+    x0 = np.zeros((2, 1), np_dtype(dtype))
+    out = scatter_add_to_host(
+        put(x0), jnp.zeros(300, jnp.int32), jnp.ones((300, 1), dtype), backend=backend
+    )
+    assert read(out)[0, 0] == 300 and read(out)[1, 0] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_add_int8_wraps_like_jnp(backend):
+    x0 = np.array([[120], [-128]], np.int8)
+    out = scatter_add_to_host(
+        put(x0), jnp.array([0, 0, 1]), jnp.array([[10], [10], [-1]], jnp.int8), backend=backend
+    )
+    expected = jnp.asarray(x0).at[jnp.array([0, 0, 1])].add(jnp.array([[10], [10], [-1]], jnp.int8))
+    assert_same(read(out), np.asarray(expected))
+
+
+def test_add_is_deterministic_and_backends_agree(rng):
+    # Random float32 values with heavy duplication: not exact, so the
+    # summation order shows. Same bits every run, kernel and XLA alike, and
+    # close to jnp's (unordered) sums.
+    x0 = make_values(rng, (16, 3), "float32")
+    idx = rng.integers(0, 16, size=200)
+    upd = make_values(rng, (200, 3), "float32")
+    results = [
+        read(scatter_add_to_host(put(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend))
+        for backend in ("xla", "xla", "interpret", "interpret")
+    ]
+    for other in results[1:]:
+        assert_same(other, results[0])
+    expected = jnp.asarray(x0).at[idx].add(upd)
+    np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_add_updates_broadcast_and_cast(rng, backend):
+    # A scalar broadcasts to every indexed row; int updates go into floats.
+    x0 = exact_values(rng, (10, 4), "float32")
+    idx = np.array([1, 8, 1])
+    _run_add(backend, x0, idx, np.float32(2.5))
+    _run_add(backend, x0, idx, np.arange(12, dtype=np.int32).reshape(3, 4))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_add_index_forms(rng, backend):
+    x0 = exact_values(rng, (40, 3), "float32")
+    x = put(x0)
+    out = scatter_add_to_host(x, slice(None, 36, 7), 1.0, backend=backend)
+    assert_same(read(out), scatter_add_oracle(x0, np.arange(40)[:36:7], np.float32(1.0)))
+    out = scatter_add_to_host(out, -1, np.full(3, 2.0, np.float32), backend=backend)
+    expected = scatter_add_oracle(
+        scatter_add_oracle(x0, np.arange(40)[:36:7], np.float32(1.0)),
+        [-1],
+        np.full((1, 3), 2.0, np.float32),
+    )
+    assert_same(read(out), expected)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_add_eager_call_consumes_x_and_jit_without_donation_keeps_it(rng, backend):
+    x0 = exact_values(rng, (8, 2), "float32")
+    idx, upd = jnp.array([1, 1]), jnp.ones((2, 2), jnp.float32)
+    x = put(x0)
+    scatter_add_to_host(x, idx, upd, backend=backend)
+    assert x.is_deleted()
+    x = put(x0)
+    out = jax.jit(lambda x, i, u: scatter_add_to_host(x, i, u, backend=backend))(x, idx, upd)
+    assert_same(read(x), x0)
+    assert_same(read(out), scatter_add_oracle(x0, np.asarray(idx), np.asarray(upd)))

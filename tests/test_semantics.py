@@ -1,0 +1,178 @@
+"""Where the ops follow jnp, and where they deliberately do not.
+
+* Casting updates: a lossy cast warns (FutureWarning) exactly when jnp's own
+  ``.at[].set`` / ``.add`` warns for the same pair of types; safe casts are silent.
+* Wide indices with x64 enabled: compared at full width. jnp on jax 0.12
+  truncates them to 32 bits: ``jnp.zeros(8).at[jnp.array([2**32 + 5])].set(1)``
+  writes row 5, and ``.get()`` reads row 5. Ours drops such an index (mode
+  None/"drop"), clips it to the last row ("clip"), and never touches row 5.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_pinned as pp
+from tests.helpers import put, triton_available
+
+# name: (buffer dtype, updates, lossy by jnp's rule)
+CASTS = {
+    "float32 array into int32": ("int32", lambda: jnp.ones(2, jnp.float32), True),
+    "python float into int32": ("int32", lambda: 1.5, True),
+    "float64 numpy into bfloat16": ("bfloat16", lambda: np.ones(2, np.float64), True),
+    "float32 numpy into bfloat16": ("bfloat16", lambda: np.ones(2, np.float32), True),
+    "float32 into float16": ("float16", lambda: jnp.ones(2, jnp.float32), True),
+    "int32 into int8": ("int8", lambda: jnp.ones(2, jnp.int32), True),
+    "uint8 into int8": ("int8", lambda: jnp.ones(2, jnp.uint8), True),
+    "float32 into bool": ("bool", lambda: jnp.ones(2, jnp.float32), True),
+    "python int into float32": ("float32", lambda: 3, False),
+    "python int into int8": ("int8", lambda: 3, False),
+    "int8 into int32": ("int32", lambda: jnp.ones(2, jnp.int8), False),
+    "int32 into float32": ("float32", lambda: jnp.ones(2, jnp.int32), False),
+    "bfloat16 into float32": ("float32", lambda: jnp.ones(2, jnp.bfloat16), False),
+    "python float into bfloat16": ("bfloat16", lambda: 1.5, False),
+    "python bool into int8": ("int8", lambda: True, False),
+}
+
+
+def _future_warnings(fn) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+
+@pytest.mark.parametrize(
+    ("case", "op"),
+    # add refuses bool buffers, as jnp does (tests/test_errors.py).
+    [(c, op) for c in CASTS for op in ("set", "add") if (op, CASTS[c][0]) != ("add", "bool")],
+)
+def test_lossy_casts_warn_as_jnp_does(case, op):
+    dtype, updates, lossy = CASTS[case]
+    idx = jnp.array([1, 2])
+    x0 = jnp.zeros((4, 2), dtype)
+    jnp_op = (
+        (lambda: x0.at[idx].set(updates())) if op == "set" else (lambda: x0.at[idx].add(updates()))
+    )
+    ours = pp.scatter_to_host if op == "set" else pp.scatter_add_to_host
+    jnp_warned = bool(_future_warnings(jnp_op))
+    ours_warned = _future_warnings(lambda: ours(put(np.asarray(x0)), idx, updates()))
+    assert jnp_warned == lossy, f"jnp's rule changed for {case}"
+    assert bool(ours_warned) == jnp_warned, ours_warned
+    if ours_warned:
+        assert "cast" in ours_warned[0] and str(jnp.dtype(dtype)) in ours_warned[0]
+
+
+@pytest.mark.parametrize("op", ["set", "add"])
+def test_fill_mode_of_a_write_is_drop_as_in_jnp(op):
+    # jnp's scatter modes include "fill", which for a write means "drop".
+    idx = jnp.array([1, 9, -1, -20, 3])  # No duplicate: jnp leaves their order open.
+    upd = jnp.arange(5.0, dtype=jnp.float32) + 10
+    x0 = np.arange(8, dtype=np.float32) + 1
+    ours = pp.scatter_to_host if op == "set" else pp.scatter_add_to_host
+    got = np.asarray(ours(put(x0), idx, upd, mode="fill"))
+    ref = jnp.asarray(x0).at[idx]
+    expected = ref.set(upd, mode="fill") if op == "set" else ref.add(upd, mode="fill")
+    np.testing.assert_array_equal(got, np.asarray(expected))
+    np.testing.assert_array_equal(got, np.asarray(ours(put(x0), idx, upd, mode="drop")))
+
+
+# --- wide indices (x64), in a child process: x64 is a global setting ----------------
+
+_WIDE_INDEX_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import numpy as np
+    import pallas_pinned as pp
+    from pallas_pinned.testing import gather_oracle, scatter_add_oracle, scatter_oracle
+
+    backends = [sys.argv[1]]
+    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], "pinned_host")
+    BIG = [2**31 + 5, 2**32 + 5, -(2**32) + 5, 2**63 - 3]  # 5 and -3 modulo 2**32
+    forms = {
+        "numpy int64": lambda v: np.array(v, np.int64),
+        "jax int64": lambda v: jnp.array(v, jnp.int64),
+        "list": lambda v: list(v),
+    }
+    cases = [(form, BIG) for form in forms] + [("python int", [v]) for v in BIG]
+    failures, count = [], 0
+    x0 = np.arange(1, 9, dtype=np.float32)  # Row r holds r + 1: never zero.
+    for backend in backends:
+        for form, values in cases:
+            idx = values[0] if form == "python int" else forms[form](values)
+            for op, modes in (("set", (None, "drop", "clip")), ("add", (None, "drop", "clip")),
+                              ("get", (None, "fill", "clip"))):
+                for mode in modes:
+                    count += 1
+                    what = f"{op} {backend} {form} {values} mode={mode}"
+                    try:
+                        x = jax.device_put(x0, pinned)
+                        if op == "set":
+                            out = pp.scatter_to_host(x, idx, 100.0, mode=mode, backend=backend)
+                            want = scatter_oracle(x0, np.array(values, object),
+                                                  np.full(len(values), 100.0, np.float32), mode)
+                        elif op == "add":
+                            out = pp.scatter_add_to_host(x, idx, 100.0, mode=mode, backend=backend)
+                            want = scatter_add_oracle(x0, np.array(values, object),
+                                                      np.float32(100.0), mode)
+                        else:
+                            out = pp.gather_from_host(x, idx, mode=mode, backend=backend)
+                            want = gather_oracle(x0, np.array(values, object), mode)
+                        got = np.asarray(out).reshape(-1)
+                        want = np.asarray(want).reshape(-1)
+                        if op != "get" and got[5] != x0[5]:
+                            failures.append(f"{what}: wrote row 5 (truncated index): {got}")
+                        elif op == "get" and np.any(got == x0[5]):
+                            failures.append(f"{what}: read row 5 (truncated index): {got}")
+                        elif not np.array_equal(got, want, equal_nan=True):
+                            failures.append(f"{what}: got {got}, want {want}")
+                    except Exception as err:
+                        failures.append(f"{what}: {type(err).__name__}: {err}")
+    print(json.dumps({"count": count, "failures": failures}))
+    """
+)
+
+
+CPU_BACKENDS = ["xla", "interpret", "auto"]
+GPU_BACKENDS = CPU_BACKENDS + ["pallas"] + (["triton"] if triton_available() else [])
+
+
+@pytest.mark.parametrize(
+    ("platform", "backends"),
+    [("cpu", CPU_BACKENDS), pytest.param("cuda", GPU_BACKENDS, marks=pytest.mark.gpu)],
+    ids=["cpu", "gpu"],
+)
+def test_wide_indices_compare_at_full_width_with_x64(platform, backends):
+    # One child per backend, run side by side: each compiles its own programs.
+    env = dict(os.environ, JAX_PLATFORMS=platform, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    children = {
+        backend: subprocess.Popen(
+            [sys.executable, "-c", _WIDE_INDEX_CHILD, backend],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for backend in backends
+    }
+    failures = []
+    for backend, child in children.items():
+        stdout, stderr = child.communicate(timeout=600)
+        assert child.returncode == 0, f"{backend}: rc {child.returncode}\n{stderr[-3000:]}"
+        report = json.loads(stdout.strip().splitlines()[-1])
+        # 3 array forms + 4 Python ints, each through 3 ops x 3 modes.
+        assert report["count"] == 7 * 9, report["count"]
+        failures += report["failures"]
+    assert not failures, "\n".join(failures)
