@@ -25,6 +25,10 @@ from pallas_pinned.kernels.pallas_common import offsets_fit
 MODES = (None, "drop", "fill", "clip", "promise_in_bounds")
 BACKENDS = ("auto", "xla", "pallas", "triton", "interpret")
 KERNEL_BACKENDS = ("pallas", "triton", "interpret")
+# jnp's get modes (jax 0.11.2 and 0.12): None means "promise_in_bounds" there,
+# which XLA implements by clamping; "drop" means "fill".
+GATHER_MODES = (None, "fill", "drop", "clip", "promise_in_bounds")
+FILL_MODES = ("fill", "drop")
 
 # Element types the kernels store. Narrower and exotic types (int4, float8,
 # complex) are left out until a kernel test covers them.
@@ -247,3 +251,55 @@ def check_in_place_call(x: Any, indices: Any, updates: Any, *, mode: Any, backen
     check_backend_available(x, backend)
     check_offsets(backend, "a buffer", x.shape, x.dtype)
     return index
+
+
+def default_fill(dtype) -> Any:
+    """jnp's fill for ``mode="fill"`` without a ``fill_value``: a value that stands out."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return np.nan
+    if jnp.issubdtype(dtype, jnp.signedinteger):
+        return int(jnp.iinfo(dtype).min)
+    if jnp.issubdtype(dtype, jnp.unsignedinteger):
+        return int(jnp.iinfo(dtype).max)
+    return True  # bool
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StaticScalar:
+    """A fill value as a jit cache key: equal by type and repr, so NaN == NaN."""
+
+    value: Any
+
+    def _key(self):
+        return type(self.value), repr(self.value)
+
+    def __eq__(self, other):
+        return isinstance(other, StaticScalar) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+
+def check_fill_value(fill_value: Any) -> Any:
+    """Returns the fill value as a static Python scalar, or raises."""
+    if fill_value is None:
+        return None
+    if isinstance(fill_value, jax.core.Tracer):
+        raise TypeError(
+            f"fill_value must be a static scalar (a Python or numpy number), got the traced "
+            f"value {fill_value}; pass a constant, or apply jnp.where to the result"
+        )
+    if np.ndim(fill_value) != 0:
+        raise ValueError(f"fill_value must be a scalar, got shape {np.shape(fill_value)}")
+    dtype = np.asarray(fill_value).dtype
+    if not (
+        jnp.issubdtype(dtype, jnp.bool_)
+        or jnp.issubdtype(dtype, jnp.integer)
+        or jnp.issubdtype(dtype, jnp.floating)
+    ):
+        raise TypeError(
+            f"fill_value must be a bool, integer or real number, got {fill_value!r} "
+            f"of dtype {dtype}"
+        )
+    return fill_value.item() if hasattr(fill_value, "item") else fill_value

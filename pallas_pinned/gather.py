@@ -15,35 +15,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from pallas_pinned import _backends, _host_xla, _placement, _rows, _validation, tuning
+from pallas_pinned import _backends, _host_xla, _placement, _rows, _sharded, _validation, tuning
 from pallas_pinned.kernels import gather_pallas, pallas_common
 from pallas_pinned.reference import gather_rows_reference
 
 __all__ = ["gather_from_host"]
 
-# jnp's get modes (jax 0.11.2 and 0.12): None means "promise_in_bounds" there,
-# which XLA implements by clamping; "drop" means "fill".
-GATHER_MODES = (None, "fill", "drop", "clip", "promise_in_bounds")
-_FILL_MODES = ("fill", "drop")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _StaticScalar:
-    """A fill value as a jit cache key: equal by type and repr, so NaN == NaN."""
-
-    value: Any
-
-    def _key(self):
-        return type(self.value), repr(self.value)
-
-    def __eq__(self, other):
-        return isinstance(other, _StaticScalar) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash(self._key())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +31,7 @@ class _Config:
 
     index_shape: tuple[int, ...]
     mode: str | None
-    fill: _StaticScalar
+    fill: _validation.StaticScalar
     ascending: bool
     backend: str
     thresholds: tuning.Thresholds
@@ -108,13 +87,18 @@ def gather_from_host(
         NotImplementedError under ``jax.vmap`` over a host ``x`` (vmap over
         the indices is folded into one call).
     """
+    if _sharded.is_sharded_buffer(x):
+        return _sharded.gather(
+            x, indices, mode=mode, fill_value=fill_value, indices_are_sorted=indices_are_sorted,
+            unique_indices=unique_indices, backend=backend,
+        )
     del unique_indices  # A gather reads each row independently.
-    _validation.check_mode_and_backend(mode, backend, modes=GATHER_MODES)
+    _validation.check_mode_and_backend(mode, backend, modes=_validation.GATHER_MODES)
     _validation.check_buffer(x)
-    fill = _check_fill_value(fill_value)
+    fill = _validation.check_fill_value(fill_value)
     index = _validation.parse_index(indices, x.shape[0])
     num_gathers = math.prod(index.shape)
-    if x.shape[0] == 0 and num_gathers > 0 and mode not in _FILL_MODES:
+    if x.shape[0] == 0 and num_gathers > 0 and mode not in _validation.FILL_MODES:
         raise ValueError(
             f"x of shape {x.shape} has no rows to read with mode={mode!r}; "
             "use mode='fill' to get fill values for rows that do not exist"
@@ -127,7 +111,7 @@ def gather_from_host(
     cfg = _Config(
         index_shape=index.shape,
         mode=mode,
-        fill=_StaticScalar(fill),
+        fill=_validation.StaticScalar(fill),
         ascending=bool(indices_are_sorted) or index.ascending,
         backend=backend,
         thresholds=tuning.current(),
@@ -135,30 +119,6 @@ def gather_from_host(
     if _placement.is_concrete(x):
         x = _placement.fix_memory_space(x)  # Traces must see where x really is.
     return _gather_jit(x, index.rows, cfg)
-
-
-def _check_fill_value(fill_value: Any) -> Any:
-    """Returns the fill value as a static Python scalar, or raises."""
-    if fill_value is None:
-        return None
-    if isinstance(fill_value, jax.core.Tracer):
-        raise TypeError(
-            f"fill_value must be a static scalar (a Python or numpy number), got the traced "
-            f"value {fill_value}; pass a constant, or apply jnp.where to the result"
-        )
-    if np.ndim(fill_value) != 0:
-        raise ValueError(f"fill_value must be a scalar, got shape {np.shape(fill_value)}")
-    dtype = np.asarray(fill_value).dtype
-    if not (
-        jnp.issubdtype(dtype, jnp.bool_)
-        or jnp.issubdtype(dtype, jnp.integer)
-        or jnp.issubdtype(dtype, jnp.floating)
-    ):
-        raise TypeError(
-            f"fill_value must be a bool, integer or real number, got {fill_value!r} "
-            f"of dtype {dtype}"
-        )
-    return fill_value.item() if hasattr(fill_value, "item") else fill_value
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -171,7 +131,7 @@ def _gather_traced(x, rows, cfg: _Config):
     width = math.prod(row_shape)
     num_gathers = math.prod(cfg.index_shape)
     out_shape = cfg.index_shape + row_shape
-    fill_mode = cfg.mode in _FILL_MODES
+    fill_mode = cfg.mode in _validation.FILL_MODES
     device = jax.memory.Space.Device
     if num_gathers == 0 or width == 0:
         return jax.device_put(jnp.zeros(out_shape, x.dtype), device)
@@ -185,21 +145,9 @@ def _gather_traced(x, rows, cfg: _Config):
     if fill_mode:
         value = cfg.fill.value
         # lax.full_like converts as jnp's own fill does (e.g. 1000 wraps in int8).
-        fill = lax.full_like(out2d, _default_fill(x.dtype) if value is None else value)
+        fill = lax.full_like(out2d, _validation.default_fill(x.dtype) if value is None else value)
         out2d = jnp.where(_rows.rows_in_range(rows, num_rows)[:, None], out2d, fill)
     return jax.device_put(out2d.reshape(out_shape), device)
-
-
-def _default_fill(dtype) -> Any:
-    # jnp's choice for mode="fill" without a fill_value: a value that stands out.
-    dtype = jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.inexact):
-        return np.nan
-    if jnp.issubdtype(dtype, jnp.signedinteger):
-        return int(jnp.iinfo(dtype).min)
-    if jnp.issubdtype(dtype, jnp.unsignedinteger):
-        return int(jnp.iinfo(dtype).max)
-    return True  # bool
 
 
 # --- the row read: kernel or XLA, with custom vmap and jvp rules -------------

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_pinned import _backends, _placement, _rows, _validation, tuning
+from pallas_pinned import _backends, _placement, _rows, _sharded, _validation, tuning
 from pallas_pinned._in_place import in_place_op, transpose_to_updates
 from pallas_pinned.kernels import pallas_common, scatter_pallas
 from pallas_pinned.reference import scatter_rows_reference
@@ -85,6 +85,11 @@ def scatter_to_host(
       TypeError, ValueError, NotImplementedError: for bad input, before
         anything runs; ``x`` is then left untouched.
     """
+    if _sharded.is_sharded_buffer(x):
+        return _sharded.scatter(
+            x, indices, updates, mode=mode, unique_indices=unique_indices,
+            indices_are_sorted=indices_are_sorted, backend=backend,
+        )
     index = _validation.check_in_place_call(x, indices, updates, mode=mode, backend=backend)
     cfg = _Config(
         index_shape=index.shape,

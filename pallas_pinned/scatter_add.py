@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_pinned import _backends, _host_xla, _placement, _rows, _validation, tuning
+from pallas_pinned import _backends, _host_xla, _placement, _rows, _sharded, _validation, tuning
 from pallas_pinned._in_place import in_place_op, transpose_to_updates
 from pallas_pinned.kernels import pallas_common, scatter_add_pallas
 from pallas_pinned.reference import gather_rows_reference, scatter_add_rows_reference
@@ -90,6 +90,11 @@ def scatter_add_to_host(
         respect to ``x``: TypeError (with respect to ``updates`` it works).
         Under ``jax.vmap``: NotImplementedError naming the alternative.
     """
+    if _sharded.is_sharded_buffer(x):
+        return _sharded.scatter_add(
+            x, indices, updates, mode=mode, unique_indices=unique_indices,
+            indices_are_sorted=indices_are_sorted, backend=backend,
+        )
     if getattr(x, "dtype", None) == jnp.bool_:
         # jnp's .add refuses bool as well; OR-accumulation would be .max.
         raise TypeError(

@@ -25,8 +25,11 @@ def has_gpu() -> bool:
 
 
 def triton_available() -> bool:
+    """triton and jax-triton both installed (the kernels import with triton alone)."""
     try:
-        import pallas_pinned.kernels.scatter_triton  # noqa: F401
+        from pallas_pinned.kernels import triton_common
+
+        triton_common.check_installed()
     except ImportError:
         return False
     return True

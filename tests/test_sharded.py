@@ -71,7 +71,7 @@ def run_mesh(size: int) -> dict:
 
     import pallas_pinned as pp
     from pallas_pinned import _sharded, _validation
-    from pallas_pinned.gather import GATHER_MODES
+    from pallas_pinned._validation import GATHER_MODES
 
     devices = jax.devices()
     mesh = jax.make_mesh((size,), ("data",), devices=devices[:size])

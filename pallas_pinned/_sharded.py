@@ -1,0 +1,251 @@
+"""The three ops on one buffer sharded along axis 0 over a mesh, with global row numbers.
+
+A buffer such as ``jax.device_put(x, NamedSharding(mesh, P("data"),
+memory_kind="pinned_host"))`` holds rows ``[k*m, (k+1)*m)`` on the devices of
+shard ``k`` (``m = rows / shards``; mesh axes not named in the spec hold
+replicas, each updated alike). :func:`scatter`, :func:`scatter_add` and
+:func:`gather` take the public ops' arguments, with *global* indices, and
+return what they return: the updated buffer with ``x``'s sharding and memory
+kind, or for a gather the rows in device memory, **replicated** over the mesh.
+Each device runs the existing single-device op on its own shard (inside
+``jax.shard_map``, with local row numbers); the buffer is never gathered,
+moved or copied. How indices travel and what that costs in device memory and
+network bytes, against a sort-by-owner all-to-all: :mod:`._sharded_route`.
+
+The public ops route here first: ``if _sharded.is_sharded_buffer(x): return
+_sharded.scatter(...)``. Supported: a concrete array whose ``NamedSharding``
+shards axis 0 only (over one or several mesh axes), rows divisible by the
+shard count, and inside ``jit`` a traced buffer whose *type* carries that
+sharding (a mesh with ``Explicit`` axes, ``jax.make_mesh``'s default in jax
+0.12). Other layouts, uneven shards (which jax 0.12 itself refuses to build),
+indices or updates outside the buffer's mesh or on another mesh are refused
+with a ``ValueError`` before anything runs, ``x`` intact. Outside ``jit`` the
+buffer is donated, as the single-device ops do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pallas_pinned import _placement, _validation, tuning
+from pallas_pinned._sharded_route import (
+    GatherConfig,
+    Layout,
+    WriteConfig,
+    donating,
+    gather_jit,
+    gather_traced,
+    write_traced,
+)
+
+__all__ = ["gather", "is_sharded_buffer", "scatter", "scatter_add"]
+
+_MANUAL = jax.sharding.AxisType.Manual
+_EXPLICIT = jax.sharding.AxisType.Explicit
+
+
+def is_sharded_buffer(x: Any) -> bool:
+    """Whether the public ops must hand ``x`` to this module.
+
+    Concrete: ``x`` spans more than one device. This module runs the layout
+    it supports and refuses any other with the reason (before, the ops
+    refused them all). Traced: ``x``'s type shards it over more than one
+    device. Traced buffers whose type says nothing (``Auto`` meshes) stay
+    with the single-device ops, as before; inside ``shard_map`` the local
+    shard's mesh axes are ``Manual``, so the local ops take it, as they must.
+    """
+    if _placement.is_concrete(x):
+        return len(x.sharding.device_set) > 1
+    if not hasattr(x, "aval"):
+        return False
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or not any(entry is not None for entry in sharding.spec):
+        return False
+    kinds = zip(mesh.axis_sizes, mesh.axis_types, strict=True)
+    return math.prod(size for size, kind in kinds if kind != _MANUAL) > 1
+
+
+def _layout(x: Any) -> Layout:
+    """``check_buffer``'s checks for a sharded buffer, and how it is split; or raises."""
+    if not (isinstance(x, jax.Array) or hasattr(x, "aval")):
+        raise TypeError(f"x must be a jax.Array (the buffer), got {type(x).__name__}")
+    concrete = _placement.is_concrete(x)
+    if concrete and x.is_deleted():
+        raise ValueError(
+            "x has been deleted (donated to an earlier call); use the array that call returned"
+        )
+    if x.ndim == 0:
+        raise ValueError(f"x must have at least one axis to index, got shape {x.shape}")
+    if jnp.dtype(x.dtype) not in _validation.SUPPORTED_DTYPES:
+        names = ", ".join(str(d) for d in _validation.SUPPORTED_DTYPES)
+        raise TypeError(f"unsupported dtype {x.dtype} for x; supported: {names}")
+    sharding = x.sharding if concrete else jax.typeof(x).sharding
+    if not isinstance(sharding, NamedSharding):
+        raise ValueError(
+            f"x spans {len(sharding.device_set)} devices with a {type(sharding).__name__}; "
+            "a sharded buffer needs NamedSharding(mesh, P(axis), memory_kind=...) that "
+            "shards axis 0 only"
+        )
+    mesh, spec = sharding.mesh, tuple(sharding.spec)
+    first = spec[0] if spec else None
+    if not concrete and first is None and any(t != _EXPLICIT for t in mesh.axis_types):
+        raise ValueError(
+            f"x is traced on a mesh with axis types {mesh.axis_types}, so its type does not "
+            "say how it is sharded; make the mesh with Explicit axes (jax.make_mesh's "
+            "default) or call the op outside jit"
+        )
+    if first is None or any(entry is not None for entry in spec[1:]):
+        raise ValueError(
+            f"x is sharded as {sharding.spec} over mesh {dict(mesh.shape)}; the ops take a "
+            "buffer sharded along axis 0 only, e.g. P('data'), other axes replicated"
+        )
+    axes = (first,) if isinstance(first, str) else tuple(first)
+    shards = math.prod(mesh.shape[a] for a in axes)
+    if x.shape[0] % shards:
+        raise ValueError(
+            f"x has {x.shape[0]} rows, which {shards} shards (mesh axes {axes}) do not split "
+            "evenly; pad the buffer to a multiple of the shard count"
+        )
+    return Layout(mesh, axes, shards)
+
+
+def _same_mesh(a, b) -> bool:
+    """Same axes; and the same devices in the same order when both are concrete."""
+    concrete = isinstance(a, jax.sharding.Mesh) and isinstance(b, jax.sharding.Mesh)
+    same_axes = a.axis_names == b.axis_names and a.axis_sizes == b.axis_sizes
+    return same_axes and (not concrete or bool((a.devices == b.devices).all()))
+
+
+def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
+    """``a`` replicated over the buffer's mesh when concrete, or a clear refusal.
+
+    Inside a trace (``traced``) nothing moves here: the traced step gathers.
+    """
+    if isinstance(a, jax.core.Tracer):
+        mesh = getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None)
+        if mesh is not None and mesh.axis_names and not _same_mesh(mesh, layout.mesh):
+            raise ValueError(
+                f"{name} is traced on mesh {dict(mesh.shape)} but x on "
+                f"{dict(layout.mesh.shape)}; use the buffer's mesh"
+            )
+        return a
+    if traced or not hasattr(a, "shape"):
+        return a  # Python scalars and closed-over constants: constants of the trace.
+    if isinstance(a, jax.Array):
+        devices = a.sharding.device_set
+        if a.committed and not devices <= set(layout.mesh.devices.flat):
+            raise ValueError(
+                f"{name} is on {sorted(map(str, devices))}, outside x's mesh "
+                f"{dict(layout.mesh.shape)}; move it with jax.device_put first"
+            )
+        if len(devices) > 1:
+            named = isinstance(a.sharding, NamedSharding)
+            if not (named and _same_mesh(a.sharding.mesh, layout.mesh)):
+                raise ValueError(
+                    f"{name} is sharded over another mesh than x ({a.sharding} against "
+                    f"{dict(layout.mesh.shape)}); put it on x's mesh or on one of its devices"
+                )
+            return a  # On the mesh already: the traced step gathers it.
+    # numpy, or one device: a broadcast, which moves what an all-gather moves.
+    return jax.device_put(a, NamedSharding(layout.mesh, P()))
+
+
+def scatter(x, indices, updates, *, mode=None, unique_indices=False,
+            indices_are_sorted=False, backend="auto"):
+    """``scatter_to_host`` on a buffer sharded along axis 0 (global indices)."""
+    return _write(False, x, indices, updates, mode, unique_indices, indices_are_sorted, backend)
+
+
+def scatter_add(x, indices, updates, *, mode=None, unique_indices=False,
+                indices_are_sorted=False, backend="auto"):
+    """``scatter_add_to_host`` on a buffer sharded along axis 0 (global indices)."""
+    if getattr(x, "dtype", None) == jnp.bool_:
+        raise TypeError(
+            f"scatter_add_to_host does not add into a bool buffer (x has dtype {x.dtype}), "
+            "as jnp's .at[].add does not; store the flags as uint8"
+        )
+    return _write(True, x, indices, updates, mode, unique_indices, indices_are_sorted, backend)
+
+
+def _write(add, x, indices, updates, mode, unique, ascending, backend):
+    # The single-device checks, in the same order, against the global shape.
+    _validation.check_mode_and_backend(mode, backend)
+    layout = _layout(x)
+    index = _validation.parse_index(indices, x.shape[0])
+    _validation.check_updates(updates, index.shape + tuple(x.shape[1:]), x.dtype)
+    _validation.check_not_aliased(x, ("indices", indices), ("updates", updates))
+    _validation.check_backend_available(x, backend)
+    shard_shape = (x.shape[0] // layout.shards,) + tuple(x.shape[1:])
+    _validation.check_offsets(backend, "a shard", shard_shape, x.dtype)
+    if add:
+        updates_2d = (math.prod(index.shape), math.prod(x.shape[1:]))
+        _validation.check_offsets(backend, "updates", updates_2d, x.dtype)
+    traced = not _placement.is_concrete(x)
+    rows = _place("indices", index.rows, layout, traced)
+    updates = _place("updates", updates, layout, traced)
+    cfg = WriteConfig(
+        add=add,
+        layout=layout,
+        index_shape=index.shape,
+        mode=mode,
+        unique=bool(unique) or index.unique,
+        ascending=bool(ascending) or index.ascending,
+        backend=backend,
+        thresholds=tuning.current(),
+    )
+    if traced:
+        return write_traced(x, rows, updates, cfg)
+    if math.prod(index.shape) == 0 or x.size == 0:
+        return x  # Nothing to write: the buffer stays as it is, not consumed.
+    return donating(x.sharding)(x, rows, updates, cfg)
+
+
+def gather(x, indices, *, mode=None, fill_value=None, indices_are_sorted=False,
+           unique_indices=False, backend="auto"):
+    """``gather_from_host`` on a buffer sharded along axis 0; the result is replicated."""
+
+    del unique_indices  # A gather reads each row independently.
+    _validation.check_mode_and_backend(mode, backend, modes=_validation.GATHER_MODES)
+    layout = _layout(x)
+    fill = _validation.check_fill_value(fill_value)
+    index = _validation.parse_index(indices, x.shape[0])
+    num_gathers = math.prod(index.shape)
+    if x.shape[0] == 0 and num_gathers > 0 and mode not in _validation.FILL_MODES:
+        raise ValueError(
+            f"x of shape {x.shape} has no rows to read with mode={mode!r}; "
+            "use mode='fill' to get fill values for rows that do not exist"
+        )
+    _validation.check_backend_available(x, backend)
+    shard_shape = (x.shape[0] // layout.shards,) + tuple(x.shape[1:])
+    _validation.check_offsets(backend, "a shard", shard_shape, x.dtype)
+    result_2d = (num_gathers, math.prod(x.shape[1:]))
+    _validation.check_offsets(backend, "a result", result_2d, x.dtype)
+    traced = not _placement.is_concrete(x)
+    rows = _place("indices", index.rows, layout, traced)
+    cfg = GatherConfig(
+        layout=layout,
+        index_shape=index.shape,
+        mode=mode,
+        fill=_validation.StaticScalar(fill),
+        ascending=bool(indices_are_sorted) or index.ascending,
+        backend=backend,
+        thresholds=tuning.current(),
+    )
+    if traced:
+        return gather_traced(x, rows, cfg)
+    out_shape = index.shape + tuple(x.shape[1:])
+    if math.prod(out_shape) == 0 or x.shape[0] == 0:
+        # Nothing to read (no rows: fill mode, checked above); a jit that reads
+        # nothing has no devices to run on, so the result is built here.
+        value = _validation.default_fill(x.dtype) if fill is None else fill
+        out = np.full(out_shape, value if x.shape[0] == 0 else 0, jnp.dtype(x.dtype))
+        return jax.device_put(out, NamedSharding(layout.mesh, P()))
+    return gather_jit(x, rows, cfg)

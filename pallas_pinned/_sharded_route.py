@@ -1,0 +1,240 @@
+"""The traced steps of the sharded ops: route the indices, run the local op per shard.
+
+Every device receives the whole index list (and the updates) in their
+original order: an all-gather, or nothing when they are replicated already.
+It keeps the entries it owns, ``row - k*m`` on shard ``k`` of ``m`` rows;
+the others become the out-of-range local row ``m``, which the local op's
+``"drop"`` mode skips. Because each device sees the global order, "the last
+occurrence wins" and the fixed summation order of ``scatter_add`` carry over
+from the local ops unchanged: the results agree bit for bit with the
+single-device op on the same data. Modes are applied against the *global*
+row count before routing (negatives wrap once; ``"clip"`` clamps into
+``[0, rows)``; ``"drop"`` marks the rest; ``"promise_in_bounds"`` checks
+nothing and a row outside every shard is skipped). A gather reads each row on
+its owner; the devices combine the rows with a ``psum`` of their bit patterns
+(each row comes from exactly one shard, so the integer sum is exact, NaN
+payloads and ``-0.0`` included); the result is replicated in device memory.
+
+Cost per call, for ``n`` index entries of ``b`` bytes (4; 8 with x64), rows
+of ``w`` bytes and ``D`` shards (per replica group when other mesh axes hold
+replicas). Implemented, all-gather routing:
+
+- route a write: every device receives ``(D-1)/D * n*(b+w)`` bytes (a ring
+  all-gather of inputs sharded over the devices; a broadcast from one device
+  moves the same total) and holds ``n*(b+w)``;
+- the local op then masks and sorts all ``n`` entries on every device
+  (``O(n log n)`` work, ``~n*(b+4)`` bytes of keys), but each device writes
+  only the rows it owns over PCIe (``~n/D*w`` for spread-out rows);
+- route a gather: the indices as above (``(D-1)/D * n*b``), then a ``psum``
+  of the ``(n, w)`` contributions: a ring all-reduce sends and receives
+  ``2(D-1)/D * n*w`` per device, which holds ``2*n*w`` (contribution and
+  replicated result).
+
+Not implemented, sort-by-owner all-to-all: each device sorts its ``n/D``
+entries by owner, exchanges ``D`` counts, and sends each entry to its owner
+only, ``~(D-1)/D * n/D * (b+4+w)`` per device for spread-out rows (``+4``: the
+global position, needed for last-wins and for a fixed add order, as a second
+sort key on the receiver); a gather sends indices to the owners and rows back,
+``(D-1)/D * n/D * (b+w)``, result sharded like the indices (``n/D*w`` per
+device). About ``D`` times fewer bytes, but XLA's all-to-all has static
+shapes: each receive buffer needs a capacity, and rows that all land on one
+shard need capacity ``n``, i.e. the all-gather's memory; a smaller capacity
+needs an overflow path. The all-gather needs no bound, no second key and no
+count exchange. ``tests/test_sharded.py`` checks the collectives' sizes in the
+compiled HLO against the list above; nothing about speed is measured on CPU,
+where it means nothing (the "devices" share one memory, collectives are
+memcpys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pallas_pinned import _placement, _rows, _validation, tuning
+
+_EXPLICIT = jax.sharding.AxisType.Explicit
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How axis 0 is split: the mesh, the mesh axes that split it, the shard count."""
+
+    mesh: Any  # Mesh when concrete, AbstractMesh when traced.
+    axes: tuple[str, ...]
+    shards: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteConfig:
+    """Everything static about one write; hashable, so it keys jit's cache."""
+
+    add: bool
+    layout: Layout
+    index_shape: tuple[int, ...]
+    mode: str | None
+    unique: bool
+    ascending: bool
+    backend: str
+    thresholds: tuning.Thresholds  # The local ops read them while we trace.
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherConfig:
+    layout: Layout
+    index_shape: tuple[int, ...]
+    mode: str | None
+    fill: Any  # gather._StaticScalar: NaN-safe as a cache key.
+    ascending: bool
+    backend: str
+    thresholds: tuning.Thresholds
+
+
+def replicated(a, layout: Layout):
+    """``a`` on every device of the mesh: the all-gather (or nothing, if already so)."""
+    a = _placement.to_device_memory(jnp.asarray(a))
+    target = NamedSharding(layout.mesh, P())
+    if all(kind == _EXPLICIT for kind in layout.mesh.axis_types):
+        return jax.reshard(a, target)  # Explicit types change only through reshard.
+    return lax.with_sharding_constraint(a, target)
+
+
+def _local_rows(rows, layout: Layout, shard_rows: int):
+    """This shard's local row numbers, ``shard_rows`` (dropped) for every other row."""
+    first = lax.axis_index(layout.axes).astype(rows.dtype) * shard_rows
+    local = rows - first  # No overflow: rows >= int_min + num_rows after the wrap.
+    owned = (local >= 0) & (local < shard_rows)
+    return jnp.where(owned, local, shard_rows), first
+
+
+# --- the writes: set and add ---------------------------------------------------
+
+
+@functools.cache
+def donating(sharding):
+    """The eager write: x donated, the result placed exactly where x is."""
+    return jax.jit(write_traced, static_argnums=(3,), donate_argnums=(0,), out_shardings=sharding)
+
+
+def write_traced(x, rows, updates, cfg: WriteConfig):
+    if math.prod(cfg.index_shape) == 0 or x.size == 0:
+        return x
+    num_rows, row_shape = x.shape[0], tuple(x.shape[1:])
+    # Global modes first: wrap negatives once, then clip or mark against all rows.
+    global_mode = "drop" if cfg.mode is None else cfg.mode
+    rows = _rows.normalize_rows(_placement.to_device_memory(rows), num_rows, global_mode)
+    updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
+    updates = jnp.broadcast_to(updates, cfg.index_shape + row_shape).reshape((-1,) + row_shape)
+    spec = P(cfg.layout.axes)
+    # check_vma=False: the local ops stage kernels (pallas_call, also traced on
+    # CPU under platform_dependent) whose outputs carry no varying-axes type.
+    return jax.shard_map(
+        functools.partial(_write_shard, cfg),
+        mesh=cfg.layout.mesh,
+        in_specs=(spec, P(), P()),
+        out_specs=spec,
+        check_vma=False,
+    )(x, replicated(rows, cfg.layout), replicated(updates, cfg.layout))
+
+
+def _write_shard(cfg: WriteConfig, x_local, rows, updates):
+    # Imported here: the public modules import the sharded ones for their hook.
+    from pallas_pinned.scatter import scatter_to_host
+    from pallas_pinned.scatter_add import scatter_add_to_host
+
+    shard_rows = x_local.shape[0]
+    local, first = _local_rows(rows, cfg.layout, shard_rows)
+    if cfg.ascending:
+        # Ascending global rows: this shard's run is contiguous and the rows of
+        # lower shards precede it. Rotating those behind it (all dropped) keeps
+        # the local rows ascending, so the promise still holds locally. It costs
+        # one copy of the updates; today's local ops would also take the
+        # unrotated order (only the dropped rows break it), but that is their
+        # detail, not their contract.
+        below = jnp.sum(rows < first)
+        local, updates = jnp.roll(local, -below), jnp.roll(updates, -below, axis=0)
+    op = scatter_add_to_host if cfg.add else scatter_to_host
+    # "drop" locally whatever the global mode: rows of other shards are marked.
+    return op(
+        x_local,
+        local,
+        updates,
+        mode="drop",
+        unique_indices=cfg.unique,
+        indices_are_sorted=cfg.ascending,
+        backend=cfg.backend,
+    )
+
+
+# --- the read ------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def gather_jit(x, rows, cfg: GatherConfig):
+    return gather_traced(x, rows, cfg)
+
+
+def _bits_dtype(dtype):
+    """The unsigned type of ``dtype``'s width: a sum of one nonzero pattern is exact."""
+    return jnp.dtype(f"uint{max(8, jnp.dtype(dtype).itemsize * 8)}")
+
+
+def gather_traced(x, rows, cfg: GatherConfig):
+    num_rows, row_shape = x.shape[0], tuple(x.shape[1:])
+    out_shape = cfg.index_shape + row_shape
+    fill_mode = cfg.mode in _validation.FILL_MODES
+    value = cfg.fill.value
+    fill_value = _validation.default_fill(x.dtype) if value is None else value
+    if math.prod(out_shape) == 0 or num_rows == 0:
+        # No rows at all is only allowed in fill mode (checked up front).
+        out = jnp.full(out_shape, fill_value if num_rows == 0 else 0, x.dtype)
+        return replicated(out, cfg.layout)
+    rows = _rows.normalize_rows(
+        _placement.to_device_memory(rows), num_rows, "drop" if fill_mode else "clip"
+    )
+    rows = replicated(rows, cfg.layout)
+    bits = jax.shard_map(
+        functools.partial(_gather_shard, cfg),
+        mesh=cfg.layout.mesh,
+        in_specs=(P(cfg.layout.axes), P()),
+        out_specs=P(),
+        check_vma=False,  # As for the writes; the psum makes the result replicated.
+    )(x, rows)
+    if x.dtype == jnp.bool_:
+        out = bits.astype(bool)
+    else:
+        out = lax.bitcast_convert_type(bits, x.dtype)
+    if fill_mode:
+        # lax.full_like converts as jnp's own fill does (e.g. 1000 wraps in int8).
+        fill = lax.full_like(out, fill_value)
+        out = jnp.where(_rows.rows_in_range(rows, num_rows)[:, None], out, fill)
+    return replicated(out.reshape(out_shape), cfg.layout)
+
+
+def _gather_shard(cfg: GatherConfig, x_local, rows):
+    from pallas_pinned.gather import gather_from_host  # See _write_shard.
+
+    local, _ = _local_rows(rows, cfg.layout, x_local.shape[0])
+    # "fill" with 0: rows of other shards are not read and give all-zero bits.
+    got = gather_from_host(
+        x_local,
+        local,
+        mode="fill",
+        fill_value=0,
+        indices_are_sorted=cfg.ascending,
+        backend=cfg.backend,
+    ).reshape(local.shape[0], -1)
+    bits_type = _bits_dtype(x_local.dtype)
+    if x_local.dtype == jnp.bool_:
+        bits = got.astype(bits_type)
+    else:
+        bits = lax.bitcast_convert_type(got, bits_type)
+    return lax.psum(bits, cfg.layout.axes)
