@@ -201,7 +201,9 @@ def check_not_aliased(x: Any, *others: tuple[str, Any]) -> None:
     """The buffer is consumed (donated); it cannot also be read as another argument."""
     for name, other in others:
         same = other is x
-        if not same and _placement.is_concrete(x) and _placement.is_concrete(other):
+        # Empty arrays may all share one (null) pointer: they hold nothing to alias.
+        concrete = _placement.is_concrete(x) and _placement.is_concrete(other)
+        if not same and concrete and x.size > 0 and other.size > 0:
             try:
                 same = other.unsafe_buffer_pointer() == x.unsafe_buffer_pointer()
             except (RuntimeError, ValueError):  # Deleted, or not one buffer.

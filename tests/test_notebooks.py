@@ -64,7 +64,7 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
 
 
 def _synthetic_results() -> dict:
-    """A results file in bench_scatter.py's layout, with made-up numbers (never shown as data).
+    """A results file in benchmarks.sweep's layout, with made-up numbers (never shown as data).
 
     Two providers whose curves cross, two batch sizes and two dtypes per point (the notebook
     keeps one), a failed record and a skipped one (both left out of the plots).
@@ -134,7 +134,7 @@ def test_notebook_02_reads_a_results_file(tmp_path, monkeypatch):
     assert "1 records failed their correctness check" in text, text[:2000]
     assert "ours vs xla" in text, "the two synthetic providers cross; the table should say where"
     # The other result files are absent here: the notebook must say so, not fill in numbers.
-    assert "No GPU results of benchmarks/bench_gather_add.py" in text, text[-3000:]
+    assert "No GPU results of benchmarks.gather_add" in text, text[-3000:]
     assert "No loop results (loop_h200.json)" in text, text[-3000:]
 
 
@@ -142,7 +142,7 @@ def test_notebook_02_without_results_says_so(tmp_path, monkeypatch):
     # No results at all (say, a fresh clone without benchmarks/results/): every section that
     # reads records says there are none, and the live run still checks itself.
     text = _run_notebook_02(tmp_path / "missing", tmp_path, monkeypatch)
-    assert "No GPU results of benchmarks/bench_scatter.py" in text, text[:3000]
+    assert "No GPU results of benchmarks.sweep" in text, text[:3000]
     assert "No tuning records" in text, text[-3000:]
     assert "No loop results (loop_h200.json)" in text, text[-3000:]
     assert "CPU SMOKE RUN" in text or "LIVE" in text, text[-3000:]

@@ -11,6 +11,12 @@ import subprocess
 import sys
 import textwrap
 
+import jax
+import numpy as np
+import pytest
+
+import pallas_pinned as pp
+
 _CHILD = textwrap.dedent(
     """
     import jax
@@ -47,3 +53,35 @@ def test_public_ops_take_sharded_buffers():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "pallas"])
+def test_gpu_one_device_mesh_runs_the_kernel_inside_shard_map(backend):
+    # The sharded path on a one-device mesh: shard_map around the kernel, the
+    # buffer in pinned host memory, bit for bit the single-device result.
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from pallas_pinned import _sharded
+    from pallas_pinned.testing import scatter_oracle
+
+    mesh = jax.make_mesh((1,), ("data",))
+    sharding = NamedSharding(mesh, P("data"), memory_kind="pinned_host")
+    rng = np.random.default_rng(3)
+    x0 = rng.standard_normal((512, 8)).astype(np.float32)
+    idx = rng.integers(-600, 600, 300).astype(np.int32)
+    upd = rng.standard_normal((300, 8)).astype(np.float32)
+    step = jax.jit(lambda x, i, u: _sharded.scatter(x, i, u, backend=backend), donate_argnums=0)
+    hlo = step.lower(jax.device_put(x0, sharding), idx, upd).compile().as_text()
+    assert "__gpu$xla.gpu.triton" in hlo
+    out = _sharded.scatter(jax.device_put(x0, sharding), idx, upd, backend=backend)
+    assert out.sharding.memory_kind == "pinned_host"
+    assert np.asarray(out).tobytes() == scatter_oracle(x0, idx, upd).tobytes()
+    got = _sharded.gather(out, idx, mode="fill", backend=backend)
+    expected = pp.gather_from_host(jax.device_put(np.asarray(out), _single()), idx, mode="fill")
+    assert np.asarray(got).tobytes() == np.asarray(expected).tobytes()
+
+
+def _single():
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
