@@ -10,6 +10,7 @@ exactly where ``x`` is. This module builds that wrapper once for both.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -17,7 +18,37 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from pallas_pinned import _placement
+from pallas_pinned import _placement, tuning
+
+
+@dataclasses.dataclass(frozen=True)
+class InPlaceConfig:
+    """Everything static about one set or add call; hashable, so it keys jit's cache."""
+
+    index_shape: tuple[int, ...]
+    mode: str | None
+    unique: bool
+    ascending: bool
+    backend: str
+    thresholds: tuning.Thresholds
+
+    @classmethod
+    def of_call(cls, index, *, mode, unique_indices, indices_are_sorted, backend):
+        """The call's settings, its index form's own guarantees and the current thresholds."""
+        return cls(
+            index_shape=index.shape,
+            mode=mode,
+            unique=bool(unique_indices) or index.unique,
+            ascending=bool(indices_are_sorted) or index.ascending,
+            backend=backend,
+            thresholds=tuning.current(),
+        )
+
+    @property
+    def rows_distinct(self) -> bool:
+        # Clipping can map distinct out-of-range indices onto the same edge
+        # row: "unique" promises distinct indices, not distinct rows.
+        return self.unique and self.mode != "clip"
 
 
 def _vmap_message(op_name: str, batch_effect: str) -> str:

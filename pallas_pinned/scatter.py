@@ -7,7 +7,6 @@ chooses a path (a kernel for a host buffer on a CUDA GPU, XLA otherwise), and
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import Any
@@ -16,24 +15,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_pinned import _backends, _placement, _rows, _sharded, _validation, tuning
-from pallas_pinned._in_place import in_place_op, transpose_to_updates
+from pallas_pinned import _backends, _placement, _rows, _sharded, _validation
+from pallas_pinned._in_place import InPlaceConfig, in_place_op, transpose_to_updates
 from pallas_pinned.kernels import pallas_common, scatter_pallas
 from pallas_pinned.reference import scatter_rows_reference
 
 __all__ = ["scatter_to_host"]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config:
-    """Everything static about one call; hashable, so it keys jit's cache."""
-
-    index_shape: tuple[int, ...]
-    mode: str | None
-    unique: bool
-    ascending: bool
-    backend: str
-    thresholds: tuning.Thresholds
 
 
 def scatter_to_host(
@@ -91,18 +78,14 @@ def scatter_to_host(
             indices_are_sorted=indices_are_sorted, backend=backend,
         )
     index = _validation.check_in_place_call(x, indices, updates, mode=mode, backend=backend)
-    cfg = _Config(
-        index_shape=index.shape,
-        mode=mode,
-        unique=bool(unique_indices) or index.unique,
-        ascending=bool(indices_are_sorted) or index.ascending,
-        backend=backend,
-        thresholds=tuning.current(),
+    cfg = InPlaceConfig.of_call(
+        index, mode=mode, unique_indices=unique_indices,
+        indices_are_sorted=indices_are_sorted, backend=backend,
     )
     return _scatter_op(x, index.rows, updates, cfg)
 
 
-def _scatter_traced(x, rows, updates, cfg: _Config):
+def _scatter_traced(x, rows, updates, cfg: InPlaceConfig):
     if math.prod(cfg.index_shape) == 0 or x.size == 0:
         return x
     if cfg.backend == "xla":
@@ -124,7 +107,7 @@ def _scatter_traced(x, rows, updates, cfg: _Config):
     )
 
 
-def _rows_and_updates(x, rows, updates, cfg: _Config):
+def _rows_and_updates(x, rows, updates, cfg: InPlaceConfig):
     """Normalized flat rows and ``(n, d)`` updates of x's dtype, in device memory."""
     rows = _rows.normalize_rows(_placement.to_device_memory(rows), x.shape[0], cfg.mode)
     updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
@@ -132,13 +115,13 @@ def _rows_and_updates(x, rows, updates, cfg: _Config):
     return rows, updates.reshape(rows.shape[0], math.prod(x.shape[1:]))
 
 
-def _xla_path(x, rows, updates, cfg: _Config):
+def _xla_path(x, rows, updates, cfg: InPlaceConfig):
     rows, updates = _rows_and_updates(x, rows, updates, cfg)
     out = scatter_rows_reference(x.reshape(x.shape[0], -1), rows, updates, unique=cfg.unique)
     return out.reshape(x.shape)
 
 
-def _kernel_path(x, rows, updates, cfg: _Config, *, backend: str):
+def _kernel_path(x, rows, updates, cfg: InPlaceConfig, *, backend: str):
     num_rows, num_updates = x.shape[0], math.prod(cfg.index_shape)
     limits = cfg.thresholds
     if backend != "triton" and num_updates <= limits.fused_max_updates:
@@ -162,7 +145,7 @@ def _kernel_path(x, rows, updates, cfg: _Config, *, backend: str):
     return _placement.place_result(out, x).reshape(x.shape)
 
 
-def _fused_kernel_path(x, rows, updates, cfg: _Config, *, backend: str):
+def _fused_kernel_path(x, rows, updates, cfg: InPlaceConfig, *, backend: str):
     """Small batches: one launch that normalizes and de-duplicates by itself."""
     rows = _placement.to_device_memory(rows)
     updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
@@ -195,7 +178,7 @@ def _launch(backend: str, x2d, rows, src, updates, *, check_bounds: bool):
 # --- transformations: grad w.r.t. updates, clear refusals otherwise ----------
 
 
-def _updates_vjp(cfg: _Config, residuals, cotangent):
+def _updates_vjp(cfg: InPlaceConfig, residuals, cotangent):
     """Each update receives the cotangent of the row it won, zero if it lost or dropped."""
     shape, rows, updates = residuals
     num_rows = shape[0]

@@ -8,7 +8,6 @@ which reads, adds and writes each distinct row once.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import Any
@@ -17,30 +16,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_pinned import _backends, _host_xla, _placement, _rows, _sharded, _validation, tuning
-from pallas_pinned._in_place import in_place_op, transpose_to_updates
+from pallas_pinned import _backends, _host_xla, _placement, _rows, _sharded, _validation
+from pallas_pinned._in_place import InPlaceConfig, in_place_op, transpose_to_updates
 from pallas_pinned.kernels import pallas_common, scatter_add_pallas
 from pallas_pinned.reference import gather_rows_reference, scatter_add_rows_reference
 
 __all__ = ["scatter_add_to_host"]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config:
-    """Everything static about one call; hashable, so it keys jit's cache."""
-
-    index_shape: tuple[int, ...]
-    mode: str | None
-    unique: bool
-    ascending: bool
-    backend: str
-    thresholds: tuning.Thresholds
-
-    @property
-    def rows_distinct(self) -> bool:
-        # Clipping can map distinct out-of-range indices onto the same edge
-        # row, and two read-add-writes of one row would lose an addition.
-        return self.unique and self.mode != "clip"
 
 
 def scatter_add_to_host(
@@ -106,18 +87,14 @@ def scatter_add_to_host(
     # The kernel also addresses the (n, d) update rows.
     updates_2d = (math.prod(index.shape), math.prod(x.shape[1:]))
     _validation.check_offsets(backend, "updates", updates_2d, x.dtype)
-    cfg = _Config(
-        index_shape=index.shape,
-        mode=mode,
-        unique=bool(unique_indices) or index.unique,
-        ascending=bool(indices_are_sorted) or index.ascending,
-        backend=backend,
-        thresholds=tuning.current(),
+    cfg = InPlaceConfig.of_call(
+        index, mode=mode, unique_indices=unique_indices,
+        indices_are_sorted=indices_are_sorted, backend=backend,
     )
     return _add_op(x, index.rows, updates, cfg)
 
 
-def _add_traced(x, rows, updates, cfg: _Config):
+def _add_traced(x, rows, updates, cfg: InPlaceConfig):
     if math.prod(cfg.index_shape) == 0 or x.size == 0:
         return x
     rows = _rows.normalize_rows(_placement.to_device_memory(rows), x.shape[0], cfg.mode)
@@ -150,7 +127,7 @@ def _add_traced(x, rows, updates, cfg: _Config):
     return out.reshape(x.shape)
 
 
-def _xla_add(x2d, rows, updates2d, cfg: _Config):
+def _xla_add(x2d, rows, updates2d, cfg: InPlaceConfig):
     if not _placement.on_host(x2d):
         return scatter_add_rows_reference(x2d, rows, updates2d, unique=cfg.rows_distinct)
     # The reference's steps, with the row reads and writes done on the host
@@ -164,7 +141,7 @@ def _xla_add(x2d, rows, updates2d, cfg: _Config):
     return _host_xla.set_distinct_rows(x2d, rows, summed)
 
 
-def _kernel_add(x2d, rows, updates2d, cfg: _Config, *, backend: str):
+def _kernel_add(x2d, rows, updates2d, cfg: InPlaceConfig, *, backend: str):
     num_rows, num_updates = x2d.shape[0], rows.shape[0]
     acc = _rows.add_accumulator_dtype(x2d.dtype)
     src = None
@@ -213,7 +190,7 @@ def _launch(backend: str, x2d, rows, src, updates2d, *, acc_dtype, check_bounds:
 # --- transformations: grad w.r.t. updates, clear refusals otherwise ----------
 
 
-def _updates_vjp(cfg: _Config, residuals, cotangent):
+def _updates_vjp(cfg: InPlaceConfig, residuals, cotangent):
     """d out[rows[k]] / d updates[k] = 1 for every update that lands, duplicates included.
 
     Dropped updates get zero, clipped ones the cotangent of the row they were
