@@ -1,5 +1,10 @@
 """Which kernel backend ``backend="auto"`` runs, and upstream's Pallas-Triton deprecation.
 
+While both backends work, ``auto`` follows ``backend_table.json``: per op,
+dtype and batch-size class, the backend measured faster on the H200, written
+by ``python -m benchmarks.choose_backends`` from the loop benchmark's results
+(the file names its source). Cases the table does not cover use Pallas.
+
 Upstream deprecated Pallas's Triton backend (jax 0.11.0, no removal date) and
 jax can raise that deprecation as an error (``jax._src.deprecations``'s
 "accelerated" state). Its warning fires when XLA lowers our kernels, inside
@@ -12,13 +17,20 @@ else XLA, with one warning that says what to install.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import warnings
+from importlib import resources
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["PALLAS_TRITON_DEPRECATION", "auto_kernel_backend", "pallas_triton_usable"]
+__all__ = [
+    "PALLAS_TRITON_DEPRECATION",
+    "auto_kernel_backend",
+    "measured_choice",
+    "pallas_triton_usable",
+]
 
 # The start of upstream's message; tests pin it, so a change upstream shows.
 PALLAS_TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
@@ -73,10 +85,30 @@ def _raw_triton_usable() -> bool:
 
 
 @functools.cache
-def auto_kernel_backend() -> str | None:
+def _table() -> dict:
+    text = resources.files("pallas_pinned").joinpath("backend_table.json").read_text()
+    return json.loads(text)
+
+
+def measured_choice(op: str, dtype, num_entries: int) -> str:
+    """The backend the table measured faster for this call ("pallas" where it says nothing)."""
+    table = _table()
+    size = "small" if num_entries <= table["small_max_rows"] else "large"
+    entry = table["choices"].get(op, {}).get(str(jnp.dtype(dtype)), {}).get(size)
+    return entry["backend"] if entry else "pallas"
+
+
+def auto_kernel_backend(op: str, dtype, num_entries: int) -> str | None:
     """``"pallas"``, ``"triton"`` or ``None`` (XLA) for ``backend="auto"`` on CUDA."""
-    if pallas_triton_usable():
-        return "pallas"
+    if not pallas_triton_usable():
+        return _without_pallas_triton()
+    if measured_choice(op, dtype, num_entries) == "triton" and _raw_triton_usable():
+        return "triton"
+    return "pallas"
+
+
+@functools.cache
+def _without_pallas_triton() -> str | None:
     if _raw_triton_usable():
         warnings.warn(
             "Pallas's Triton backend is unavailable in this jax (removed, or its deprecation "

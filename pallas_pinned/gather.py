@@ -161,7 +161,9 @@ def _dispatch(x2d, rows, *, backend: str, ascending: bool, thresholds: tuning.Th
     if backend != "auto":
         return kernel(x2d, rows, backend=backend)
     # "auto": the kernel pays off only for host buffers of a CUDA GPU.
-    kernel_backend = _backends.auto_kernel_backend() if _placement.on_host(x2d) else None
+    kernel_backend = None
+    if _placement.on_host(x2d):
+        kernel_backend = _backends.auto_kernel_backend("gather", x2d.dtype, rows.shape[0])
     fits = kernel_backend == "triton" or (
         pallas_common.offsets_fit(x2d.shape, x2d.dtype)
         and pallas_common.offsets_fit((rows.shape[0], x2d.shape[1]), x2d.dtype)

@@ -94,7 +94,9 @@ def _scatter_traced(x, rows, updates, cfg: InPlaceConfig):
         return _kernel_path(x, rows, updates, cfg, backend=cfg.backend)
     # "auto": the kernel pays off only for host buffers of a CUDA GPU; device
     # memory is XLA's own scatter's home turf.
-    kernel_backend = _backends.auto_kernel_backend() if _placement.on_host(x) else None
+    kernel_backend = None
+    if _placement.on_host(x):
+        kernel_backend = _backends.auto_kernel_backend("set", x.dtype, math.prod(cfg.index_shape))
     fits = kernel_backend == "triton" or pallas_common.offsets_fit(x.shape, x.dtype)
     if kernel_backend is None or not fits:
         return _xla_path(x, rows, updates, cfg)

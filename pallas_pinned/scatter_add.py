@@ -109,7 +109,9 @@ def _add_traced(x, rows, updates, cfg: InPlaceConfig):
         out = kernel(x2d, rows, updates2d, backend=cfg.backend)
     else:
         # "auto": the kernel pays off only for host buffers of a CUDA GPU.
-        kernel_backend = _backends.auto_kernel_backend() if _placement.on_host(x2d) else None
+        kernel_backend = None
+        if _placement.on_host(x2d):
+            kernel_backend = _backends.auto_kernel_backend("add", x2d.dtype, rows.shape[0])
         fits = kernel_backend == "triton" or (
             pallas_common.offsets_fit(x2d.shape, x2d.dtype)
             and pallas_common.offsets_fit(updates2d.shape, x2d.dtype)

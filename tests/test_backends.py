@@ -88,7 +88,7 @@ _ACCELERATED = textwrap.dedent(
     np.add.at(expected, idx, upd)
     print(json.dumps({
         "usable": _backends.pallas_triton_usable(),
-        "auto": _backends.auto_kernel_backend(),
+        "auto": _backends.auto_kernel_backend("set", "float32", 4),
         "platform": jax.default_backend(),
         "kind": out.sharding.memory_kind,
         "buffer_ok": bool(np.allclose(np.asarray(out), expected, rtol=1e-6)),
@@ -130,3 +130,26 @@ def test_gpu_auto_takes_the_raw_triton_kernels_when_pallas_triton_is_gone():
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["auto"] == "triton", report
     assert report["buffer_ok"] and report["gather_ok"], report
+
+
+def test_auto_follows_the_shipped_measured_table():
+    # The table ships with the package and names the run it was derived from;
+    # re-deriving it from that committed run gives the same table.
+    import importlib.resources
+
+    from benchmarks import choose_backends
+
+    shipped = json.loads(
+        importlib.resources.files("pallas_pinned").joinpath("backend_table.json").read_text()
+    )
+    assert shipped["source"] == "benchmarks/results/loop_h200.json"
+    assert shipped["measured"]["gpu_name"] == "NVIDIA H200"
+    run = json.loads((choose_backends.REPO / shipped["source"]).read_text())
+    small_max = run["meta"]["thresholds"]["fused_max_updates"]
+    assert choose_backends.choose(run["records"], small_max) == shipped["choices"]
+    for op, dtypes in shipped["choices"].items():
+        for dtype, sizes in dtypes.items():
+            for size, entry in sizes.items():
+                rows = 1 if size == "small" else shipped["small_max_rows"] + 1
+                assert _backends.measured_choice(op, dtype, rows) == entry["backend"]
+    assert _backends.measured_choice("gather", "float32", 10) == "pallas"  # Not measured.
