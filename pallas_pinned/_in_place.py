@@ -44,6 +44,16 @@ class InPlaceConfig:
             thresholds=tuning.current(),
         )
 
+    def updates_2d(self, x, updates):
+        """``updates`` as the ``(n, d)`` rows the kernels read: x's dtype, device memory.
+
+        Broadcast and cast as jnp does; for updates already of that shape and
+        dtype every step is a no-op, so nothing is launched.
+        """
+        updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
+        updates = jnp.broadcast_to(updates, self.index_shape + tuple(x.shape[1:]))
+        return updates.reshape(math.prod(self.index_shape), math.prod(x.shape[1:]))
+
     @property
     def rows_distinct(self) -> bool:
         # Clipping can map distinct out-of-range indices onto the same edge

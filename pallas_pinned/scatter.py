@@ -112,9 +112,7 @@ def _scatter_traced(x, rows, updates, cfg: InPlaceConfig):
 def _rows_and_updates(x, rows, updates, cfg: InPlaceConfig):
     """Normalized flat rows and ``(n, d)`` updates of x's dtype, in device memory."""
     rows = _rows.normalize_rows(_placement.to_device_memory(rows), x.shape[0], cfg.mode)
-    updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
-    updates = jnp.broadcast_to(updates, cfg.index_shape + x.shape[1:])
-    return rows, updates.reshape(rows.shape[0], math.prod(x.shape[1:]))
+    return rows, cfg.updates_2d(x, updates)
 
 
 def _xla_path(x, rows, updates, cfg: InPlaceConfig):
@@ -149,14 +147,12 @@ def _kernel_path(x, rows, updates, cfg: InPlaceConfig, *, backend: str):
 
 def _fused_kernel_path(x, rows, updates, cfg: InPlaceConfig, *, backend: str):
     """Small batches: one launch that normalizes and de-duplicates by itself."""
-    rows = _placement.to_device_memory(rows)
-    updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
-    updates = jnp.broadcast_to(updates, cfg.index_shape + x.shape[1:])
-    rows = _rows.widen(rows)  # A no-op for int32 (int64 with x64) indices.
+    # widen is a no-op for int32 (int64 with x64) indices.
+    rows = _rows.widen(_placement.to_device_memory(rows))
     out = scatter_pallas.scatter_rows_fused(
         x.reshape(x.shape[0], -1),
         rows,
-        updates.reshape(rows.shape[0], -1),
+        cfg.updates_2d(x, updates),
         mode=cfg.mode,
         drop_superseded=not cfg.unique,
         interpret=backend == "interpret",

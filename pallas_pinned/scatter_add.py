@@ -98,9 +98,7 @@ def _add_traced(x, rows, updates, cfg: InPlaceConfig):
     if math.prod(cfg.index_shape) == 0 or x.size == 0:
         return x
     rows = _rows.normalize_rows(_placement.to_device_memory(rows), x.shape[0], cfg.mode)
-    updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
-    updates = jnp.broadcast_to(updates, cfg.index_shape + x.shape[1:])
-    updates2d = updates.reshape(rows.shape[0], -1)
+    updates2d = cfg.updates_2d(x, updates)
     x2d = x.reshape(x.shape[0], -1)
     kernel = functools.partial(_kernel_add, cfg=cfg)
     if cfg.backend == "xla":
