@@ -15,13 +15,14 @@ through its own pointer, over PCIe, and never copied.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from .row_layout import next_pow2, offsets_fit, skip_row
 
 __all__ = [
     "RowTiling",
@@ -52,10 +53,6 @@ class RowTiling:
     num_warps: int
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def choose_row_tiling(n: int, d: int, itemsize: int) -> RowTiling:
     """Power-of-two tile sizes for ``n`` rows of ``d`` elements of ``itemsize`` bytes.
 
@@ -68,26 +65,6 @@ def choose_row_tiling(n: int, d: int, itemsize: int) -> RowTiling:
     block_rows = min(next_pow2(max(n, 1)), next_pow2(rows_per_tile))
     num_warps = 8 if block_rows * block_cols * itemsize >= 8192 else 4
     return RowTiling(block_rows, block_cols, num_warps)
-
-
-def offsets_fit(shape: tuple[int, ...], dtype) -> bool:
-    """Whether Pallas's Triton lowering computes correct offsets for ``shape``.
-
-    It switches to 64-bit offsets only for arrays over 2**32 bytes and counts
-    offsets in elements with signed arithmetic, so a 1-byte dtype between
-    2**31 and 2**32 elements would wrap to negative offsets: outside the array.
-    """
-    size = math.prod(shape)
-    return not (jnp.dtype(dtype).itemsize == 1 and 2**31 < size <= 2**32)
-
-
-def skip_row(num_rows: int, dtype) -> int:
-    """The row number that marks an entry as not to be touched.
-
-    One past the end when the index type can hold it (every kernel masks it;
-    interpret mode drops it), else -1 (buffers of more rows than the type holds).
-    """
-    return num_rows if num_rows <= jnp.iinfo(dtype).max else -1
 
 
 class Tile(NamedTuple):

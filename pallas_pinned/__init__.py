@@ -3,10 +3,14 @@
 Ops on a buffer that lives in ``pinned_host`` memory, updated or read with
 device-resident indices and data, without copying the buffer:
 
+* :func:`at` — ``at(x)[index].set(y)``, ``.add``, ``.min``, ``.max``,
+  ``.multiply``/``.mul`` and ``.get()``, for every index form jnp takes
+  (boolean masks aside) plus ``mode="wrap"``;
 * :func:`scatter_to_host` — ``x.at[i].set(y)``, last duplicate wins;
 * :func:`scatter_add_to_host` — ``x.at[i].add(y)``, duplicates combined first;
+* :func:`scatter_min_to_host`, :func:`scatter_max_to_host`,
+  :func:`scatter_mul_to_host` — ``.min``, ``.max``, ``.multiply``;
 * :func:`gather_from_host` — ``x.at[i].get()``, result in device memory;
-* :func:`at` — the same three as ``at(x)[i].set(y)``, ``.add(y)``, ``.get()``;
 * :func:`fix_memory_space` — the same buffer, with a type that says where it
   lives (for arrays from checkpoint restores or ``jit(out_shardings=...)``).
 
@@ -21,12 +25,20 @@ from pallas_pinned.at import at
 from pallas_pinned.gather import gather_from_host
 from pallas_pinned.scatter import scatter_to_host
 from pallas_pinned.scatter_add import scatter_add_to_host
+from pallas_pinned.scatter_combine import (
+    scatter_max_to_host,
+    scatter_min_to_host,
+    scatter_mul_to_host,
+)
 
 __all__ = [
     "at",
     "fix_memory_space",
     "gather_from_host",
     "scatter_add_to_host",
+    "scatter_max_to_host",
+    "scatter_min_to_host",
+    "scatter_mul_to_host",
     "scatter_to_host",
     "tuning",
 ]

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_pinned.kernels.pallas_common import skip_row
+from pallas_pinned.kernels.row_layout import skip_row
 
 __all__ = [
     "add_accumulator_dtype",
@@ -23,7 +23,8 @@ __all__ = [
     "index_dtype",
     "normalize_rows",
     "rows_in_range",
-    "segmented_prefix_sum",
+    "COMBINERS",
+    "segmented_scan",
     "skip_row",
     "stable_order",
     "to_wide_numpy",
@@ -126,36 +127,44 @@ def drop_superseded_small(rows: jax.Array, num_rows: int) -> jax.Array:
     return jnp.where(superseded, skip_row(num_rows, rows.dtype), rows)
 
 
-def add_accumulator_dtype(dtype) -> jnp.dtype:
-    """The type sums are formed in: float32 for 16-bit floats, else ``dtype``.
+# How duplicate updates of one row combine, and how the total meets the row.
+# Each is associative and commutative, so a fixed tree order is deterministic.
+COMBINERS = {"add": jnp.add, "mul": jnp.multiply, "min": jnp.minimum, "max": jnp.maximum}
 
-    Integer sums wrap modulo 2**bits as in jnp, whatever the order.
+
+def add_accumulator_dtype(dtype, op: str = "add") -> jnp.dtype:
+    """The type totals are formed in: float32 for 16-bit floats (add, mul), else ``dtype``.
+
+    min and max need no wider type (they pick a value). Integer sums and
+    products wrap modulo 2**bits as in jnp, whatever the order.
     """
     dtype = jnp.dtype(dtype)
-    if dtype in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+    if op in ("add", "mul") and dtype in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
         return jnp.dtype(jnp.float32)
     return dtype
 
 
-def segmented_prefix_sum(run_ids: jax.Array, values: jax.Array) -> jax.Array:
-    """Inclusive prefix sums of the ``(n, d)`` values within runs of equal ``run_ids``.
+def segmented_scan(run_ids: jax.Array, values: jax.Array, op: str = "add") -> jax.Array:
+    """Inclusive scans of the ``(n, d)`` values within runs of equal ``run_ids``.
 
-    ``run_ids`` must not decrease (each run is one contiguous stretch).
-    Log-step (Hillis-Steele) scan: step ``i`` adds the entry ``2**i`` places
-    back when it belongs to the same run. The order of additions depends only
-    on the run's own entries (no atomics), so the same input always gives the
-    same bits. The ``log2(n)`` steps are unrolled: as straight-line code they
-    fuse, where a loop would cost a launch and a host round trip per step.
+    ``run_ids`` must not decrease (each run is one contiguous stretch); ``op``
+    names a :data:`COMBINERS` entry. Log-step (Hillis-Steele) scan: step ``i``
+    combines the entry ``2**i`` places back when it belongs to the same run.
+    The order of combinations depends only on the run's own entries (no
+    atomics), so the same input always gives the same bits. The ``log2(n)``
+    steps are unrolled: as straight-line code they fuse, where a loop would
+    cost a launch and a host round trip per step.
     """
+    combine = COMBINERS[op]
     n = run_ids.shape[0]
-    sums = values
+    totals = values
     for step in range(max(0, (n - 1).bit_length())):
         shift = 1 << step
-        behind = jnp.concatenate([jnp.zeros_like(sums[:shift]), sums[:-shift]])
+        behind = jnp.concatenate([totals[:shift], totals[:-shift]])
         # A run id below every real one marks "nothing that far back".
         ids_behind = jnp.concatenate([jnp.full_like(run_ids[:shift], -1), run_ids[:-shift]])
-        sums = jnp.where((ids_behind == run_ids)[:, None], sums + behind, sums)
-    return sums
+        totals = jnp.where((ids_behind == run_ids)[:, None], combine(totals, behind), totals)
+    return totals
 
 
 def stable_order(rows: jax.Array, *, small_max: int):
@@ -184,16 +193,17 @@ def combine_duplicates(
     *,
     presorted: bool = False,
     small_max: int = 0,
+    op: str = "add",
 ):
-    """Sums the ``(n, d)`` value rows of equal rows, in a fixed order.
+    """Combines the ``(n, d)`` value rows of equal rows with ``op``, in a fixed order.
 
     Returns ``(rows, totals)``: ``rows`` ascending with every entry but the
     last of each run replaced by :func:`skip_row`, and ``totals`` holding at
-    that last entry the sum of the run (:func:`segmented_prefix_sum`: the same
+    that last entry the total of the run (:func:`segmented_scan`: the same
     input always gives the same bits). With ``presorted=True`` the rows are
     taken to ascend already; otherwise they are put in a stable order
     (:func:`stable_order`, without a sort up to ``small_max`` entries), so the
-    order of equal rows, and hence their sum, is fixed.
+    order of equal rows, and hence their total, is fixed.
     """
     if not presorted:
         rows, perm = stable_order(rows, small_max=small_max)
@@ -202,6 +212,6 @@ def combine_duplicates(
     # Runs are stretches of adjacent equal rows; should a broken "presorted"
     # promise leave equal rows apart, they stay separate runs, never merged.
     run_ids = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(changes, dtype=jnp.int32)])
-    totals = segmented_prefix_sum(run_ids, values)
+    totals = segmented_scan(run_ids, values, op)
     last = jnp.concatenate([changes, jnp.ones((1,), bool)])
     return jnp.where(last, rows, skip_row(num_rows, rows.dtype)), totals

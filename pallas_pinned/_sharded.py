@@ -3,7 +3,7 @@
 A buffer such as ``jax.device_put(x, NamedSharding(mesh, P("data"),
 memory_kind="pinned_host"))`` holds rows ``[k*m, (k+1)*m)`` on the devices of
 shard ``k`` (``m = rows / shards``; mesh axes not named in the spec hold
-replicas, each updated alike). :func:`scatter`, :func:`scatter_add` and
+replicas, each updated alike). :func:`write` (set, add, min, max, mul) and
 :func:`gather` take the public ops' arguments, with *global* indices, and
 return what they return: the updated buffer with ``x``'s sharding and memory
 kind, or for a gather the rows in device memory, **replicated** over the mesh.
@@ -12,8 +12,9 @@ Each device runs the existing single-device op on its own shard (inside
 moved or copied. How indices travel and what that costs in device memory and
 network bytes, against a sort-by-owner all-to-all: :mod:`._sharded_route`.
 
-The public ops route here first: ``if _sharded.is_sharded_buffer(x): return
-_sharded.scatter(...)``. Supported: a concrete array whose ``NamedSharding``
+The public ops route here first (``_front``): ``if is_sharded_buffer(x): return
+write(...)``. Every index form of the single-device ops is taken; the sharded
+axis stays axis 0. Supported: a concrete array whose ``NamedSharding``
 shards axis 0 only (over one or several mesh axes), rows divisible by the
 shard count, and inside ``jit`` a traced buffer whose *type* carries that
 sharding (a mesh with ``Explicit`` axes, ``jax.make_mesh``'s default in jax
@@ -34,7 +35,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_pinned import _placement, _validation, tuning
+from pallas_pinned import _index, _local_read, _local_write, _placement, _registry, _validation
 from pallas_pinned._sharded_route import (
     GatherConfig,
     Layout,
@@ -45,7 +46,7 @@ from pallas_pinned._sharded_route import (
     write_traced,
 )
 
-__all__ = ["gather", "is_sharded_buffer", "scatter", "scatter_add"]
+__all__ = ["gather", "is_sharded_buffer", "scatter", "scatter_add", "write"]
 
 _MANUAL = jax.sharding.AxisType.Manual
 _EXPLICIT = jax.sharding.AxisType.Explicit
@@ -62,7 +63,9 @@ def is_sharded_buffer(x: Any) -> bool:
     shard's mesh axes are ``Manual``, so the local ops take it, as they must.
     """
     if _placement.is_concrete(x):
-        return len(x.sharding.device_set) > 1
+        # A replicated buffer is as many whole copies: the local ops update
+        # each alike, eagerly as under jit (where its type says nothing sharded).
+        return len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated
     if not hasattr(x, "aval"):
         return False
     sharding = getattr(jax.typeof(x), "sharding", None)
@@ -158,57 +161,54 @@ def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
     return jax.device_put(a, NamedSharding(layout.mesh, P()))
 
 
-def scatter(x, indices, updates, *, mode=None, unique_indices=False,
-            indices_are_sorted=False, backend="auto"):
-    """``scatter_to_host`` on a buffer sharded along axis 0 (global indices)."""
-    return _write(False, x, indices, updates, mode, unique_indices, indices_are_sorted, backend)
-
-
-def scatter_add(x, indices, updates, *, mode=None, unique_indices=False,
-                indices_are_sorted=False, backend="auto"):
-    """``scatter_add_to_host`` on a buffer sharded along axis 0 (global indices)."""
-    if getattr(x, "dtype", None) == jnp.bool_:
-        raise TypeError(
-            f"scatter_add_to_host does not add into a bool buffer (x has dtype {x.dtype}), "
-            "as jnp's .at[].add does not; store the flags as uint8"
-        )
-    return _write(True, x, indices, updates, mode, unique_indices, indices_are_sorted, backend)
-
-
-def _write(add, x, indices, updates, mode, unique, ascending, backend):
+def write(op, x, index, updates, *, mode=None, unique_indices=False,
+          indices_are_sorted=False, backend="auto"):
+    """A write (``op``: set, add, min, max, mul) on a buffer sharded along axis 0."""
     # The single-device checks, in the same order, against the global shape.
     _validation.check_mode_and_backend(mode, backend)
     layout = _layout(x)
-    index = _validation.parse_index(indices, x.shape[0])
-    _validation.check_updates(updates, index.shape + tuple(x.shape[1:]), x.dtype)
-    _validation.check_not_aliased(x, ("indices", indices), ("updates", updates))
-    _validation.check_backend_available(x, backend)
-    shard_shape = (x.shape[0] // layout.shards,) + tuple(x.shape[1:])
-    _validation.check_offsets(backend, "a shard", shard_shape, x.dtype)
-    if add:
-        updates_2d = (math.prod(index.shape), math.prod(x.shape[1:]))
-        _validation.check_offsets(backend, "updates", updates_2d, x.dtype)
+    if op in ("add", "mul") and jnp.dtype(x.dtype) == jnp.bool_:
+        raise TypeError(
+            f"scatter_{op}_to_host does not {op} into a bool buffer (x has dtype {x.dtype}), "
+            "as jnp does not; store the flags as uint8"
+        )
+    plan, operands = _index.parse(index, x.shape, mode, min_lead=1)
+    _validation.check_updates(updates, plan.result_shape, x.dtype)
+    _validation.check_not_aliased(x, ("updates", updates))
+    for k, operand in enumerate(operands):
+        _validation.check_not_aliased(x, (f"index array {k}", operand))
+    if backend in _registry.KERNEL_BACKENDS:
+        _registry.check_available(x, backend)
+    shard_view = (plan.num_rows // layout.shards, plan.width)
+    _validation.check_offsets(backend, "a shard", shard_view, x.dtype)
+    if op != "set":
+        _validation.check_offsets(backend, "updates", (plan.num_entries, plan.width), x.dtype)
     traced = not _placement.is_concrete(x)
-    rows = _place("indices", index.rows, layout, traced)
+    operands = tuple(_place(f"index array {k}", a, layout, traced) for k, a in enumerate(operands))
     updates = _place("updates", updates, layout, traced)
-    cfg = WriteConfig(
-        add=add,
-        layout=layout,
-        index_shape=index.shape,
-        mode=mode,
-        unique=bool(unique) or index.unique,
-        ascending=bool(ascending) or index.ascending,
-        backend=backend,
-        thresholds=tuning.current(),
+    call = _local_write.WriteCall.of(
+        op, plan, mode=mode, unique_indices=unique_indices,
+        indices_are_sorted=indices_are_sorted, backend=backend,
     )
+    cfg = WriteConfig(layout, call)
     if traced:
-        return write_traced(x, rows, updates, cfg)
-    if math.prod(index.shape) == 0 or x.size == 0:
+        return write_traced(x, operands, updates, cfg)
+    if plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write: the buffer stays as it is, not consumed.
-    return donating(x.sharding)(x, rows, updates, cfg)
+    return donating(x.sharding)(x, operands, updates, cfg)
 
 
-def gather(x, indices, *, mode=None, fill_value=None, indices_are_sorted=False,
+def scatter(x, index, updates, **settings):
+    """``scatter_to_host`` on a buffer sharded along axis 0 (global indices)."""
+    return write("set", x, index, updates, **settings)
+
+
+def scatter_add(x, index, updates, **settings):
+    """``scatter_add_to_host`` on a buffer sharded along axis 0 (global indices)."""
+    return write("add", x, index, updates, **settings)
+
+
+def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
            unique_indices=False, backend="auto"):
     """``gather_from_host`` on a buffer sharded along axis 0; the result is replicated."""
 
@@ -216,36 +216,31 @@ def gather(x, indices, *, mode=None, fill_value=None, indices_are_sorted=False,
     _validation.check_mode_and_backend(mode, backend, modes=_validation.GATHER_MODES)
     layout = _layout(x)
     fill = _validation.check_fill_value(fill_value)
-    index = _validation.parse_index(indices, x.shape[0])
-    num_gathers = math.prod(index.shape)
-    if x.shape[0] == 0 and num_gathers > 0 and mode not in _validation.FILL_MODES:
+    plan, operands = _index.parse(index, x.shape, mode, min_lead=1)
+    empty_axis = any(x.shape[item.axis] == 0 for item in plan.items if item.axis >= 0)
+    if empty_axis and plan.num_entries > 0 and mode not in _validation.FILL_MODES:
         raise ValueError(
             f"x of shape {x.shape} has no rows to read with mode={mode!r}; "
             "use mode='fill' to get fill values for rows that do not exist"
         )
-    _validation.check_backend_available(x, backend)
-    shard_shape = (x.shape[0] // layout.shards,) + tuple(x.shape[1:])
-    _validation.check_offsets(backend, "a shard", shard_shape, x.dtype)
-    result_2d = (num_gathers, math.prod(x.shape[1:]))
-    _validation.check_offsets(backend, "a result", result_2d, x.dtype)
+    if backend in _registry.KERNEL_BACKENDS:
+        _registry.check_available(x, backend)
+    shard_view = (plan.num_rows // layout.shards, plan.width)
+    _validation.check_offsets(backend, "a shard", shard_view, x.dtype)
+    _validation.check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)
     traced = not _placement.is_concrete(x)
-    rows = _place("indices", index.rows, layout, traced)
-    cfg = GatherConfig(
-        layout=layout,
-        index_shape=index.shape,
-        mode=mode,
-        fill=_validation.StaticScalar(fill),
-        ascending=bool(indices_are_sorted) or index.ascending,
-        backend=backend,
-        thresholds=tuning.current(),
+    operands = tuple(_place(f"index array {k}", a, layout, traced) for k, a in enumerate(operands))
+    call = _local_read.ReadCall.of(
+        plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted, backend=backend
     )
+    cfg = GatherConfig(layout, call)
     if traced:
-        return gather_traced(x, rows, cfg)
-    out_shape = index.shape + tuple(x.shape[1:])
-    if math.prod(out_shape) == 0 or x.shape[0] == 0:
-        # Nothing to read (no rows: fill mode, checked above); a jit that reads
-        # nothing has no devices to run on, so the result is built here.
+        return gather_traced(x, operands, cfg)
+    out_shape = plan.result_shape
+    if math.prod(out_shape) == 0 or x.size == 0:
+        # Nothing to read (or nothing there: fill mode, checked above); a jit
+        # that reads nothing has no devices to run on, so the result is built here.
         value = _validation.default_fill(x.dtype) if fill is None else fill
-        out = np.full(out_shape, value if x.shape[0] == 0 else 0, jnp.dtype(x.dtype))
+        out = np.full(out_shape, value if x.size == 0 else 0, jnp.dtype(x.dtype))
         return jax.device_put(out, NamedSharding(layout.mesh, P()))
-    return gather_jit(x, rows, cfg)
+    return gather_jit(x, operands, cfg)

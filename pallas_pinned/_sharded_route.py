@@ -59,7 +59,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_pinned import _placement, _rows, _validation, tuning
+from pallas_pinned import _index, _local_read, _local_write, _placement, _rows, _validation
+from pallas_pinned._index import IndexPlan
 
 _EXPLICIT = jax.sharding.AxisType.Explicit
 
@@ -75,27 +76,16 @@ class Layout:
 
 @dataclasses.dataclass(frozen=True)
 class WriteConfig:
-    """Everything static about one write; hashable, so it keys jit's cache."""
+    """A write on a sharded buffer: how it is split, and the call as the local layer has it."""
 
-    add: bool
     layout: Layout
-    index_shape: tuple[int, ...]
-    mode: str | None
-    unique: bool
-    ascending: bool
-    backend: str
-    thresholds: tuning.Thresholds  # The local ops read them while we trace.
+    call: _local_write.WriteCall  # Its plan indexes the global buffer.
 
 
 @dataclasses.dataclass(frozen=True)
 class GatherConfig:
     layout: Layout
-    index_shape: tuple[int, ...]
-    mode: str | None
-    fill: Any  # gather._StaticScalar: NaN-safe as a cache key.
-    ascending: bool
-    backend: str
-    thresholds: tuning.Thresholds
+    call: _local_read.ReadCall
 
 
 def replicated(a, layout: Layout):
@@ -124,15 +114,27 @@ def donating(sharding):
     return jax.jit(write_traced, static_argnums=(3,), donate_argnums=(0,), out_shardings=sharding)
 
 
-def write_traced(x, rows, updates, cfg: WriteConfig):
-    if math.prod(cfg.index_shape) == 0 or x.size == 0:
+def _global_rows(plan: IndexPlan, operands, mode, *, read: bool):
+    """Normalized rows of the buffer's 2-D view against the *global* shape (marks else)."""
+    rows = plan.rows(operands, mode, read=read)
+    if plan.kind == "axis0" and mode != "wrap":
+        # Global modes first: wrap negatives once, then clip or mark against all rows.
+        row_mode = ("drop" if mode in (None, "promise_in_bounds") else mode) if not read else (
+            "drop" if mode in _validation.FILL_MODES else "clip"
+        )
+    else:
+        row_mode = "drop"
+    return _rows.normalize_rows(_placement.to_device_memory(rows), plan.num_rows, row_mode)
+
+
+def write_traced(x, operands, updates, cfg: WriteConfig):
+    plan = cfg.call.plan
+    if plan.num_entries == 0 or x.size == 0:
         return x
-    num_rows, row_shape = x.shape[0], tuple(x.shape[1:])
-    # Global modes first: wrap negatives once, then clip or mark against all rows.
-    global_mode = "drop" if cfg.mode is None else cfg.mode
-    rows = _rows.normalize_rows(_placement.to_device_memory(rows), num_rows, global_mode)
+    operands = jax.tree.map(_placement.to_device_memory, operands)
+    rows = _global_rows(plan, operands, cfg.call.mode, read=False)
     updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
-    updates = jnp.broadcast_to(updates, cfg.index_shape + row_shape).reshape((-1,) + row_shape)
+    updates = jnp.broadcast_to(updates, plan.result_shape).reshape(plan.num_entries, plan.width)
     spec = P(cfg.layout.axes)
     # check_vma=False: the local ops stage kernels (pallas_call, also traced on
     # CPU under platform_dependent) whose outputs carry no varying-axes type.
@@ -146,32 +148,19 @@ def write_traced(x, rows, updates, cfg: WriteConfig):
 
 
 def _write_shard(cfg: WriteConfig, x_local, rows, updates):
-    # Imported here: the public modules import the sharded ones for their hook.
-    from pallas_pinned.scatter import scatter_to_host
-    from pallas_pinned.scatter_add import scatter_add_to_host
-
-    shard_rows = x_local.shape[0]
-    local, first = _local_rows(rows, cfg.layout, shard_rows)
-    if cfg.ascending:
+    view_rows = cfg.call.plan.num_rows // cfg.layout.shards
+    local, first = _local_rows(rows, cfg.layout, view_rows)
+    if cfg.call.ascending:
         # Ascending global rows: this shard's run is contiguous and the rows of
         # lower shards precede it. Rotating those behind it (all dropped) keeps
-        # the local rows ascending, so the promise still holds locally. It costs
-        # one copy of the updates; today's local ops would also take the
-        # unrotated order (only the dropped rows break it), but that is their
-        # detail, not their contract.
+        # the local rows ascending, so the promise still holds locally.
         below = jnp.sum(rows < first)
         local, updates = jnp.roll(local, -below), jnp.roll(updates, -below, axis=0)
-    op = scatter_add_to_host if cfg.add else scatter_to_host
+    x2d = x_local.reshape(view_rows, cfg.call.plan.width)
+    plan, operands = _index.parse(local, x2d.shape, "drop")
     # "drop" locally whatever the global mode: rows of other shards are marked.
-    return op(
-        x_local,
-        local,
-        updates,
-        mode="drop",
-        unique_indices=cfg.unique,
-        indices_are_sorted=cfg.ascending,
-        backend=cfg.backend,
-    )
+    call = dataclasses.replace(cfg.call, plan=plan, mode="drop")
+    return _local_write.write_traced(x2d, operands, updates, call).reshape(x_local.shape)
 
 
 # --- the read ------------------------------------------------------------------
@@ -187,20 +176,18 @@ def _bits_dtype(dtype):
     return jnp.dtype(f"uint{max(8, jnp.dtype(dtype).itemsize * 8)}")
 
 
-def gather_traced(x, rows, cfg: GatherConfig):
-    num_rows, row_shape = x.shape[0], tuple(x.shape[1:])
-    out_shape = cfg.index_shape + row_shape
-    fill_mode = cfg.mode in _validation.FILL_MODES
-    value = cfg.fill.value
+def gather_traced(x, operands, cfg: GatherConfig):
+    plan = cfg.call.plan
+    out_shape = plan.result_shape
+    fill_mode = cfg.call.mode in _validation.FILL_MODES
+    value = cfg.call.fill.value
     fill_value = _validation.default_fill(x.dtype) if value is None else value
-    if math.prod(out_shape) == 0 or num_rows == 0:
-        # No rows at all is only allowed in fill mode (checked up front).
-        out = jnp.full(out_shape, fill_value if num_rows == 0 else 0, x.dtype)
+    if math.prod(out_shape) == 0 or x.size == 0:
+        # An empty axis is only allowed in fill mode (checked up front).
+        out = jnp.full(out_shape, fill_value if x.size == 0 else 0, x.dtype)
         return replicated(out, cfg.layout)
-    rows = _rows.normalize_rows(
-        _placement.to_device_memory(rows), num_rows, "drop" if fill_mode else "clip"
-    )
-    rows = replicated(rows, cfg.layout)
+    operands = jax.tree.map(_placement.to_device_memory, operands)
+    rows = replicated(_global_rows(plan, operands, cfg.call.mode, read=True), cfg.layout)
     bits = jax.shard_map(
         functools.partial(_gather_shard, cfg),
         mesh=cfg.layout.mesh,
@@ -215,23 +202,20 @@ def gather_traced(x, rows, cfg: GatherConfig):
     if fill_mode:
         # lax.full_like converts as jnp's own fill does (e.g. 1000 wraps in int8).
         fill = lax.full_like(out, fill_value)
-        out = jnp.where(_rows.rows_in_range(rows, num_rows)[:, None], out, fill)
+        out = jnp.where(_rows.rows_in_range(rows, plan.num_rows)[:, None], out, fill)
     return replicated(out.reshape(out_shape), cfg.layout)
 
 
 def _gather_shard(cfg: GatherConfig, x_local, rows):
-    from pallas_pinned.gather import gather_from_host  # See _write_shard.
-
-    local, _ = _local_rows(rows, cfg.layout, x_local.shape[0])
+    view_rows = cfg.call.plan.num_rows // cfg.layout.shards
+    local, _ = _local_rows(rows, cfg.layout, view_rows)
+    x2d = x_local.reshape(view_rows, cfg.call.plan.width)
+    plan, operands = _index.parse(local, x2d.shape, "fill")
     # "fill" with 0: rows of other shards are not read and give all-zero bits.
-    got = gather_from_host(
-        x_local,
-        local,
-        mode="fill",
-        fill_value=0,
-        indices_are_sorted=cfg.ascending,
-        backend=cfg.backend,
-    ).reshape(local.shape[0], -1)
+    call = dataclasses.replace(
+        cfg.call, plan=plan, mode="fill", fill=_validation.StaticScalar(0)
+    )
+    got = _local_read.read_traced(x2d, operands, call).reshape(local.shape[0], -1)
     bits_type = _bits_dtype(x_local.dtype)
     if x_local.dtype == jnp.bool_:
         bits = got.astype(bits_type)

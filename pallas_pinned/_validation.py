@@ -17,17 +17,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned import _placement
-from pallas_pinned._rows import index_dtype, to_wide_numpy
-from pallas_pinned.kernels.pallas_common import offsets_fit
+from pallas_pinned import _index, _placement, _registry
+from pallas_pinned.kernels.row_layout import offsets_fit
 
-# jnp's scatter modes; "fill" means "drop" for a write, as in jnp.
-MODES = (None, "drop", "fill", "clip", "promise_in_bounds")
+# jnp's scatter modes ("fill" means "drop" for a write, as in jnp), and ours:
+# "wrap" takes every index modulo its axis.
+MODES = (None, "drop", "fill", "clip", "promise_in_bounds", "wrap")
 BACKENDS = ("auto", "xla", "pallas", "triton", "interpret")
-KERNEL_BACKENDS = ("pallas", "triton", "interpret")
 # jnp's get modes (jax 0.11.2 and 0.12): None means "promise_in_bounds" there,
-# which XLA implements by clamping; "drop" means "fill".
-GATHER_MODES = (None, "fill", "drop", "clip", "promise_in_bounds")
+# which XLA implements by clamping; "drop" means "fill". Plus "wrap".
+GATHER_MODES = (None, "fill", "drop", "clip", "promise_in_bounds", "wrap")
 FILL_MODES = ("fill", "drop")
 
 # Element types the kernels store. Narrower and exotic types (int4, float8,
@@ -39,95 +38,6 @@ SUPPORTED_DTYPES = tuple(
         jnp.int64, jnp.uint64, jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64,
     )
 )
-
-SUPPORTED_INDEX_FORMS = (
-    "a Python int, an integer array of any shape (numpy or jax), "
-    "a list of ints, or a static slice along axis 0"
-)
-
-_MASK_ADVICE = (
-    "boolean masks are not supported: a mask selects a data-dependent number of rows. "
-    "Turn it into row numbers of a fixed count, padded with an out-of-range row that "
-    "mode='drop' skips: rows = jnp.nonzero(mask, size=MAX_ROWS, fill_value=x.shape[0])[0], "
-    "then call with (rows, updates, mode='drop')"
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class RowIndex:
-    """An index along axis 0, reduced to a flat integer array plus its shape.
-
-    ``rows`` is a numpy array for static forms (int, slice, list) and a jax
-    array (or tracer) otherwise; ``shape`` is the shape the index has in
-    ``x.at[indices]``, the leading part of the update shape. ``unique`` and
-    ``ascending`` are what the static form itself guarantees.
-    """
-
-    rows: Any
-    shape: tuple[int, ...]
-    unique: bool = False
-    ascending: bool = False
-
-
-def _index_type_error(what: str) -> TypeError:
-    return TypeError(f"indices must be integers, got {what}; supported: {SUPPORTED_INDEX_FORMS}")
-
-
-def _parse_slice(indices: slice, num_rows: int) -> RowIndex:
-    for part in (indices.start, indices.stop, indices.step):
-        if part is not None and not isinstance(part, (int, np.integer)):
-            raise NotImplementedError(
-                f"only static slices are supported, got {indices!r}; pass an integer "
-                "array such as jnp.arange(start, stop) for dynamic bounds"
-            )
-    if indices.step == 0:
-        raise ValueError(f"slice step cannot be zero, got {indices!r}")
-    picked = range(num_rows)[indices]  # No O(num_rows) array for a short slice.
-    rows = np.arange(picked.start, picked.stop, picked.step, dtype=index_dtype())
-    return RowIndex(rows, rows.shape, unique=True, ascending=(indices.step or 1) > 0)
-
-
-def _list_to_array(indices: list) -> np.ndarray:
-    if not indices:
-        return np.zeros((0,), np.int64)  # An empty list has no dtype; numpy says float64.
-    try:
-        return np.asarray(indices)
-    except ValueError as err:  # numpy refuses ragged nesting.
-        raise ValueError(
-            "indices is a ragged list (its sublists differ in length), which has no array "
-            f"shape; pass a flat list or a rectangular nesting of ints ({err})"
-        ) from None
-
-
-def parse_index(indices: Any, num_rows: int) -> RowIndex:
-    """Turns the user's ``indices`` into a :class:`RowIndex`, or raises."""
-    if isinstance(indices, (bool, np.bool_)):
-        raise TypeError(f"indices must be integers, got the bool {indices!r}; {_MASK_ADVICE}")
-    if isinstance(indices, (float, complex, np.floating, np.complexfloating)):
-        raise _index_type_error(f"the {type(indices).__name__} {indices!r}")
-    if isinstance(indices, (int, np.integer)):
-        info = np.iinfo(index_dtype())
-        rows = np.asarray([min(max(int(indices), info.min), info.max)], index_dtype())
-        return RowIndex(rows, (), unique=True, ascending=True)
-    if isinstance(indices, slice):
-        return _parse_slice(indices, num_rows)
-    if isinstance(indices, list):
-        indices = _list_to_array(indices)
-    if isinstance(indices, (np.ndarray, jax.Array)) or hasattr(indices, "aval"):
-        dtype = jnp.dtype(indices.dtype)
-        if dtype == jnp.bool_:
-            raise TypeError(f"indices has dtype bool (shape {indices.shape}); {_MASK_ADVICE}")
-        if not jnp.issubdtype(dtype, jnp.integer):
-            raise _index_type_error(f"an array of dtype {dtype} (shape {indices.shape})")
-        if isinstance(indices, np.ndarray):
-            # Narrow here, saturating, before jax would truncate int64 values.
-            indices = to_wide_numpy(indices, index_dtype())
-        return RowIndex(indices, tuple(indices.shape))
-    raise NotImplementedError(
-        f"unsupported index {type(indices).__name__} {indices!r}: supported forms are "
-        f"{SUPPORTED_INDEX_FORMS}. Tuples (several axes), None and Ellipsis are not supported"
-    )
-
 
 def check_mode_and_backend(mode: Any, backend: Any, modes: tuple = MODES) -> None:
     if mode not in modes:
@@ -151,11 +61,6 @@ def check_buffer(x: Any) -> None:
     if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
         names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
         raise TypeError(f"unsupported dtype {x.dtype} for x; supported: {names}")
-    if _placement.is_concrete(x) and len(x.sharding.device_set) != 1:
-        raise NotImplementedError(
-            f"x is sharded over {len(x.sharding.device_set)} devices; the ops take a buffer "
-            "on one device"
-        )
 
 
 def check_updates(updates: Any, target_shape: tuple[int, ...], x_dtype) -> None:
@@ -171,7 +76,7 @@ def check_updates(updates: Any, target_shape: tuple[int, ...], x_dtype) -> None:
     if result != tuple(target_shape):
         raise ValueError(
             f"updates of shape {shape} cannot be broadcast to {tuple(target_shape)} "
-            "(indices.shape + x.shape[1:])"
+            "(the shape of x.at[index].get())"
         )
     # jnp's rule: a cast is safe when promoting the updates with the buffer's
     # type gives the buffer's type (Python scalars are weakly typed).
@@ -216,22 +121,6 @@ def check_not_aliased(x: Any, *others: tuple[str, Any]) -> None:
             )
 
 
-def check_backend_available(x: Any, backend: str) -> None:
-    """Explicit kernel backends must be able to run where ``x`` is."""
-    if backend == "triton":
-        # ImportError naming the extra when triton or jax-triton is missing:
-        # a missing extra is reported before the platform.
-        from pallas_pinned.kernels import triton_common
-
-        triton_common.check_installed()
-    if backend in ("pallas", "triton") and _placement.platform_of(x) != "gpu":
-        raise NotImplementedError(
-            f"backend={backend!r} compiles a Triton kernel and needs a CUDA GPU, but x is on "
-            f"{_placement.platform_of(x)!r}; use backend='interpret' to run the Pallas kernel "
-            "on CPU, or 'auto'"
-        )
-
-
 def check_offsets(backend: str, what: str, shape: tuple[int, ...], dtype) -> None:
     """An explicit ``"pallas"`` backend refuses arrays its 32-bit offsets would wrap."""
     if backend == "pallas" and not offsets_fit(shape, dtype):
@@ -242,17 +131,56 @@ def check_offsets(backend: str, what: str, shape: tuple[int, ...], dtype) -> Non
         )
 
 
-def check_in_place_call(x: Any, indices: Any, updates: Any, *, mode: Any, backend: Any) -> RowIndex:
-    """Every check of a set or add call, in the order users fix them; returns the index."""
+def check_write(
+    op: str, x: Any, index: Any, updates: Any, *, mode: Any, backend: Any
+) -> tuple[_index.IndexPlan, tuple]:
+    """Every check of a write, in the order users fix them; returns the parsed index."""
     check_mode_and_backend(mode, backend)
     check_buffer(x)
-    index = parse_index(indices, x.shape[0])
-    check_updates(updates, index.shape + tuple(x.shape[1:]), x.dtype)
-    check_same_device(x, ("indices", indices), ("updates", updates))
-    check_not_aliased(x, ("indices", indices), ("updates", updates))
-    check_backend_available(x, backend)
-    check_offsets(backend, "a buffer", x.shape, x.dtype)
-    return index
+    if op in ("add", "mul") and jnp.dtype(x.dtype) == jnp.bool_:
+        # jnp's .add refuses bool as well; OR-accumulation would be .max.
+        raise TypeError(
+            f"{'scatter_add_to_host' if op == 'add' else 'scatter_mul_to_host'} does not "
+            f"{op} into a bool buffer (x has dtype {x.dtype}); use .max (OR) or .min (AND), "
+            "or store the flags as uint8"
+        )
+    plan, operands = _index.parse(index, x.shape, mode)
+    check_updates(updates, plan.result_shape, x.dtype)
+    check_same_device(x, ("indices", index), ("updates", updates))
+    check_not_aliased(x, ("indices", index), ("updates", updates))
+    for k, operand in enumerate(operands):
+        check_same_device(x, (f"index array {k}", operand))
+        check_not_aliased(x, (f"index array {k}", operand))
+    check_kernel_backend(x, backend, plan)
+    if op != "set":  # The read-modify-write kernels also address the (n, d) update rows.
+        check_offsets(backend, "updates", (plan.num_entries, plan.width), x.dtype)
+    return plan, operands
+
+
+def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.IndexPlan, tuple]:
+    """Every check of a read; returns the parsed index."""
+    check_mode_and_backend(mode, backend, modes=GATHER_MODES)
+    check_buffer(x)
+    plan, operands = _index.parse(index, x.shape, mode)
+    empty_axis = any(x.shape[item.axis] == 0 for item in plan.items if item.axis >= 0)
+    if empty_axis and plan.num_entries > 0 and mode not in FILL_MODES:
+        raise ValueError(
+            f"x of shape {x.shape} has no rows to read with mode={mode!r}; "
+            "use mode='fill' to get fill values for rows that do not exist"
+        )
+    check_same_device(x, ("indices", index))
+    for k, operand in enumerate(operands):
+        check_same_device(x, (f"index array {k}", operand))
+    check_kernel_backend(x, backend, plan)
+    check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)
+    return plan, operands
+
+
+def check_kernel_backend(x: Any, backend: str, plan: _index.IndexPlan) -> None:
+    """An explicit kernel backend must be able to run here, on this buffer's 2-D view."""
+    if backend in _registry.KERNEL_BACKENDS:
+        _registry.check_available(x, backend)
+        check_offsets(backend, "a buffer", (plan.num_rows, plan.width), x.dtype)
 
 
 def default_fill(dtype) -> Any:

@@ -1,4 +1,4 @@
-"""``at(x)[indices].set/add/get``: jnp's ``.at`` spelling for the three host ops."""
+"""``at(x)[index].get/set/add/min/max/multiply``: jnp's ``.at`` spelling for the host ops."""
 
 from __future__ import annotations
 
@@ -6,73 +6,101 @@ from typing import Any
 
 import jax
 
-from pallas_pinned.gather import gather_from_host
-from pallas_pinned.scatter import scatter_to_host
-from pallas_pinned.scatter_add import scatter_add_to_host
+from pallas_pinned import _front
 
 __all__ = ["at"]
 
+# jnp's .at offers these too; they are not provided here (an AttributeError
+# that names the alternative keeps hasattr() and getattr(..., default) working).
+_NOT_PROVIDED = ("divide", "power", "apply")
+
 
 class _IndexedBuffer:
-    """``at(x)[indices]``: waits for one of ``set``, ``add`` or ``get``."""
+    """``at(x)[index]``: waits for one of its methods."""
 
-    __slots__ = ("_buffer", "_indices")
+    __slots__ = ("_buffer", "_index")
 
-    def __init__(self, buffer: jax.Array, indices: Any):
+    def __init__(self, buffer: jax.Array, index: Any):
         self._buffer = buffer
-        self._indices = indices
+        self._index = index
+
+    def _write(self, op: str, values: Any, mode=None, unique_indices=False,
+               indices_are_sorted=False, backend="auto") -> jax.Array:
+        return _front.write(
+            op, self._buffer, self._index, values, mode=mode, unique_indices=unique_indices,
+            indices_are_sorted=indices_are_sorted, backend=backend,
+        )
+
+    def get(self, *, mode=None, fill_value=None, indices_are_sorted=False,
+            unique_indices=False, backend="auto") -> jax.Array:
+        """:func:`gather_from_host`: jnp's ``.get``, into device memory."""
+        return _front.read(
+            self._buffer, self._index, mode=mode, fill_value=fill_value,
+            indices_are_sorted=indices_are_sorted, unique_indices=unique_indices,
+            backend=backend,
+        )
 
     def set(self, values: Any, **kwargs: Any) -> jax.Array:
-        """``scatter_to_host(x, indices, values, **kwargs)``: jnp's ``.set``."""
-        return scatter_to_host(self._buffer, self._indices, values, **kwargs)
+        """:func:`scatter_to_host`: jnp's ``.set``; the last duplicate wins."""
+        return self._write("set", values, **kwargs)
 
     def add(self, values: Any, **kwargs: Any) -> jax.Array:
-        """``scatter_add_to_host(x, indices, values, **kwargs)``: jnp's ``.add``."""
-        return scatter_add_to_host(self._buffer, self._indices, values, **kwargs)
+        """:func:`scatter_add_to_host`: jnp's ``.add``."""
+        return self._write("add", values, **kwargs)
 
-    def get(self, **kwargs: Any) -> jax.Array:
-        """``gather_from_host(x, indices, **kwargs)``: jnp's ``.get``, into device memory."""
-        return gather_from_host(self._buffer, self._indices, **kwargs)
+    def min(self, values: Any, **kwargs: Any) -> jax.Array:
+        """:func:`scatter_min_to_host`: jnp's ``.min``."""
+        return self._write("min", values, **kwargs)
+
+    def max(self, values: Any, **kwargs: Any) -> jax.Array:
+        """:func:`scatter_max_to_host`: jnp's ``.max``."""
+        return self._write("max", values, **kwargs)
+
+    def multiply(self, values: Any, **kwargs: Any) -> jax.Array:
+        """:func:`scatter_mul_to_host`: jnp's ``.multiply``."""
+        return self._write("mul", values, **kwargs)
+
+    mul = multiply
 
     def __getattr__(self, name: str):
-        # jnp's .at also offers these; say so instead of a bare AttributeError.
-        if name in ("mul", "multiply", "divide", "power", "min", "max", "apply"):
-            raise NotImplementedError(
-                f"pallas_pinned.at(x)[...].{name} is not provided; only set, add and get are. "
-                f"Use jnp's x.at[...].{name} on a device-memory array"
+        if name in _NOT_PROVIDED:
+            raise AttributeError(
+                f"pallas_pinned.at(x)[...].{name} is not provided (get, set, add, min, max, "
+                f"multiply/mul are). Read the rows with .get(), compute on the device, and "
+                f"write them back with .set(), or use jnp's x.at[...].{name} on a device array"
             )
         raise AttributeError(name)
 
     def __repr__(self) -> str:
-        return f"pallas_pinned.at({self._buffer.aval})[{self._indices!r}]"
+        return f"pallas_pinned.at({self._buffer.aval})[{self._index!r}]"
 
 
 class _AtHelper:
-    """``at(x)``: index it with ``[indices]`` along axis 0."""
+    """``at(x)``: index it with ``[index]``."""
 
     __slots__ = ("_buffer",)
 
     def __init__(self, buffer: jax.Array):
         self._buffer = buffer
 
-    def __getitem__(self, indices: Any) -> _IndexedBuffer:
-        if isinstance(indices, tuple) and len(indices) == 1:
-            indices = indices[0]  # x.at[(i,)] means x.at[i], as in jnp.
-        return _IndexedBuffer(self._buffer, indices)
+    def __getitem__(self, index: Any) -> _IndexedBuffer:
+        return _IndexedBuffer(self._buffer, index)
 
     def __repr__(self) -> str:
         return f"pallas_pinned.at({self._buffer.aval})"
 
 
 def at(x: jax.Array) -> _AtHelper:
-    """jnp's ``x.at[indices]`` for the host-buffer ops, indexing axis 0.
+    """jnp's ``x.at[index]`` for a buffer in host memory (or any buffer).
 
-    ``at(x)[indices].set(values, **kw)`` is :func:`scatter_to_host`,
-    ``.add(values, **kw)`` is :func:`scatter_add_to_host` and ``.get(**kw)``
-    is :func:`gather_from_host`; the keywords are theirs (``mode``,
-    ``unique_indices``, ``indices_are_sorted``, ``fill_value`` for ``get``,
-    ``backend``). Index forms are those of the ops; a tuple of several indices
-    (several axes) is refused when the op runs. ``set`` and ``add`` consume
-    ``x`` outside ``jit``, like the ops.
+    ``at(x)[index].get(**kw)`` is :func:`gather_from_host`; ``.set``,
+    ``.add``, ``.min``, ``.max``, ``.multiply`` (also ``.mul``) take
+    ``(values, **kw)`` and are :func:`scatter_to_host`,
+    :func:`scatter_add_to_host`, :func:`scatter_min_to_host`,
+    :func:`scatter_max_to_host` and :func:`scatter_mul_to_host`. The
+    keywords are theirs (``mode``, ``unique_indices``,
+    ``indices_are_sorted``, ``backend``; ``fill_value`` for ``get``). Every
+    index form jnp takes works, boolean masks aside, plus ``mode="wrap"``.
+    The writes consume ``x`` outside ``jit``, like the ops.
     """
     return _AtHelper(x)

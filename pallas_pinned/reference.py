@@ -12,13 +12,19 @@ import jax
 import jax.numpy as jnp
 
 from pallas_pinned._rows import (
+    COMBINERS,
     add_accumulator_dtype,
     combine_duplicates,
     dedupe_last_wins,
     rows_in_range,
 )
 
-__all__ = ["gather_rows_reference", "scatter_add_rows_reference", "scatter_rows_reference"]
+__all__ = [
+    "gather_rows_reference",
+    "scatter_add_rows_reference",
+    "scatter_combine_rows_reference",
+    "scatter_rows_reference",
+]
 
 
 def scatter_rows_reference(
@@ -43,17 +49,25 @@ def gather_rows_reference(x: jax.Array, rows: jax.Array) -> jax.Array:
     return jnp.where(valid[:, None], picked, jnp.zeros((), x.dtype))
 
 
+def scatter_combine_rows_reference(
+    x: jax.Array, rows: jax.Array, updates: jax.Array, *, op: str, unique: bool = False
+) -> jax.Array:
+    """``x[rows[k]] = op(x[rows[k]], updates[k])``, duplicates combined first, as the kernels.
+
+    ``op`` is ``"add"``, ``"mul"``, ``"min"`` or ``"max"``. Totals are formed
+    in :func:`add_accumulator_dtype` and rounded once per row.
+    """
+    num_rows = x.shape[0]
+    acc = add_accumulator_dtype(x.dtype, op)
+    values = updates.astype(acc)
+    if not unique and rows.shape[0] > 1:
+        rows, values = combine_duplicates(rows, values, num_rows, op=op)
+    merged = COMBINERS[op](gather_rows_reference(x, rows).astype(acc), values).astype(x.dtype)
+    return x.at[rows].set(merged, mode="drop", unique_indices=True, wrap_negative_indices=False)
+
+
 def scatter_add_rows_reference(
     x: jax.Array, rows: jax.Array, updates: jax.Array, *, unique: bool = False
 ) -> jax.Array:
-    """``x[rows[k]] += updates[k]``, duplicates combined first, exactly as the kernel path.
-
-    Sums are formed in :func:`add_accumulator_dtype` and rounded once per row.
-    """
-    num_rows = x.shape[0]
-    acc = add_accumulator_dtype(x.dtype)
-    values = updates.astype(acc)
-    if not unique and rows.shape[0] > 1:
-        rows, values = combine_duplicates(rows, values, num_rows)
-    summed = (gather_rows_reference(x, rows).astype(acc) + values).astype(x.dtype)
-    return x.at[rows].set(summed, mode="drop", unique_indices=True, wrap_negative_indices=False)
+    """``x[rows[k]] += updates[k]``: :func:`scatter_combine_rows_reference` with ``"add"``."""
+    return scatter_combine_rows_reference(x, rows, updates, op="add", unique=unique)

@@ -221,7 +221,12 @@ def _unique_rows(rng: np.random.Generator, r: int, n: int) -> np.ndarray:
 
 
 def _target_row(row: int, num_rows: int, mode: str | None) -> int | None:
-    """Where a scatter of ``row`` lands: negatives wrap once; "clip" clamps, else drop."""
+    """Where a scatter of ``row`` lands: negatives wrap once; "clip" clamps, else drop.
+
+    "wrap" (ours, beyond jnp) takes the row modulo the row count.
+    """
+    if mode == "wrap":
+        return row % num_rows
     if row < 0:
         row += num_rows
     if mode == "clip":
@@ -304,6 +309,8 @@ def gather_oracle(
     out = np.empty((flat.size,) + x.shape[1:], x.dtype)
     fill = _default_fill(x.dtype) if fill_value is None else fill_value
     for k, row in enumerate(flat.tolist()):
+        if mode == "wrap":  # Ours, beyond jnp: modulo the row count.
+            row %= num_rows
         if row < 0:
             row += num_rows
         if mode in ("fill", "drop"):

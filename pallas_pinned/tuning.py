@@ -51,6 +51,12 @@ class Thresholds:
     # duplicate search grows as n**2). Chosen from the loop benchmark on the
     # H200 (benchmarks/results/loop_h200.json); see README "Inside a loop".
     fused_max_updates: int = 4096
+    # backend="auto": a contiguous block (ints, step-1 slices, jax.ds) is one
+    # XLA copy, dynamic_update_slice / dynamic_slice, instead of rows for a
+    # kernel. A choice backed by the H200 probe (64 x 1 KiB in a scan:
+    # 8.8 us for XLA's copy, 24.6 us as kernel rows); the loop benchmark's
+    # block cases measure both sides of this switch.
+    block_copy: bool = True
     # False turns the locality sort off altogether (rows with duplicates are
     # still de-duplicated). For benchmarks that measure what sorting buys.
     coalesce: bool = True

@@ -22,7 +22,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_pinned import _backends
+from pallas_pinned import _registry
 
 
 def _copy_kernel(x_ref, o_ref):
@@ -54,14 +54,14 @@ def test_upstream_deprecation_text_is_pinned():
         warnings.simplefilter("always")  # Ignore the package's own filter here.
         _lower_for_cuda()
     texts = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert any(t.startswith(_backends.PALLAS_TRITON_DEPRECATION) for t in texts), texts
+    assert any(t.startswith(_registry.PALLAS_TRITON_DEPRECATION) for t in texts), texts
 
 
 def test_users_do_not_see_the_deprecation_warning():
     with warnings.catch_warnings(record=True) as caught:  # Keeps the active filters.
         _lower_for_cuda()
     texts = [str(w.message) for w in caught]
-    assert not any(_backends.PALLAS_TRITON_DEPRECATION in t for t in texts), texts
+    assert not any(_registry.PALLAS_TRITON_DEPRECATION in t for t in texts), texts
 
 
 _ACCELERATED = textwrap.dedent(
@@ -71,7 +71,7 @@ _ACCELERATED = textwrap.dedent(
     from jax._src import deprecations
     deprecations.accelerate("jax-pallas-triton")  # Upstream's "now an error".
     import pallas_pinned as pp
-    from pallas_pinned import _backends
+    from pallas_pinned import _registry
     dev = jax.devices()[0]
     host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
     rng = np.random.default_rng(0)
@@ -87,8 +87,8 @@ _ACCELERATED = textwrap.dedent(
     expected[[9, 5, 63]] = upd[[1, 2, 3]]
     np.add.at(expected, idx, upd)
     print(json.dumps({
-        "usable": _backends.pallas_triton_usable(),
-        "auto": _backends.auto_kernel_backend("set", "float32", 4),
+        "usable": _registry.pallas_triton_usable(),
+        "auto": _registry._auto_kernel("set", "float32", 4),
         "platform": jax.default_backend(),
         "kind": out.sharding.memory_kind,
         "buffer_ok": bool(np.allclose(np.asarray(out), expected, rtol=1e-6)),
@@ -151,5 +151,104 @@ def test_auto_follows_the_shipped_measured_table():
         for dtype, sizes in dtypes.items():
             for size, entry in sizes.items():
                 rows = 1 if size == "small" else shipped["small_max_rows"] + 1
-                assert _backends.measured_choice(op, dtype, rows) == entry["backend"]
-    assert _backends.measured_choice("gather", "float32", 10) == "pallas"  # Not measured.
+                assert _registry.measured_choice(op, dtype, rows) == entry["backend"]
+    assert _registry.measured_choice("gather", "float32", 10) == "pallas"  # Not measured.
+
+
+def test_auto_follows_a_table_that_says_triton(monkeypatch):
+    # A table measured on another machine may prefer raw Triton; auto follows
+    # it where raw Triton can launch, and falls through to Pallas where not.
+    table = {
+        "small_max_rows": 4096,
+        "choices": {"set": {"float32": {"small": {"backend": "triton"}}}},
+    }
+    monkeypatch.setattr(_registry, "_table", lambda: table)
+    monkeypatch.setattr(_registry, "pallas_triton_usable", lambda: True)
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    x = jax.device_put(jnp.zeros((8, 2)), host)
+    monkeypatch.setattr(_registry, "raw_triton_usable", lambda: True)
+    assert _registry.choose("set", "rows", x, 4, "auto") == "triton"
+    assert _registry.choose("add", "rows", x, 4, "auto") == "pallas"  # The table says nothing.
+    assert _registry.choose("set", "rows", x, 5000, "auto") == "pallas"  # "large": nothing.
+    assert _registry.choose("set", "block", x, 4, "auto") == "block"
+    assert _registry.choose("set", "rows", jnp.zeros((8, 2)), 4, "auto") == "xla"  # Device memory.
+    monkeypatch.setattr(_registry, "raw_triton_usable", lambda: False)
+    assert _registry.choose("set", "rows", x, 4, "auto") == "pallas"
+
+
+# A child process in which Pallas's Triton backend cannot be imported at all
+# (upstream removed it): a meta-path finder refuses the module before jax
+# or the package is imported.
+_BLOCKED = textwrap.dedent(
+    """
+    import importlib.abc, json, sys, warnings
+
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "jax.experimental.pallas.triton" or name.startswith(
+                "jax.experimental.pallas.triton."
+            ):
+                raise ImportError(f"{name} was removed (blocked by the test)")
+            return None
+
+    sys.meta_path.insert(0, Refuse())
+    import jax, jax.numpy as jnp, numpy as np
+    import pallas_pinned as pp
+    from pallas_pinned import _registry
+    dev = jax.devices()[0]
+    host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+    x0 = np.arange(24, dtype=np.float32).reshape(8, 3)
+    x = jax.device_put(x0, host)
+    report = {"platform": jax.default_backend(), "import": True}
+    try:
+        pp.scatter_to_host(x, jnp.array([1]), 5.0, backend="pallas")
+        report["pallas"] = "ran"
+    except NotImplementedError as err:
+        report["pallas"] = str(err)
+    report["alive"] = not x.is_deleted() and bool((np.asarray(x) == x0).all())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = pp.at(x)[jnp.array([1, 6])].set(jnp.ones((2, 3)))
+        x = pp.at(x)[jnp.array([2, 2])].add(jnp.ones((2, 3)))
+        x = pp.at(x)[jnp.array([0, 2])].set(jnp.ones((2, 3)))
+        got = pp.at(x)[jnp.array([6, 1])].get()
+    expected = x0.copy(); expected[[1, 6, 0, 2]] = 1.0
+    report["ok"] = bool((np.asarray(x) == expected).all()) and bool(
+        (np.asarray(got) == expected[[6, 1]]).all())
+    report["auto"] = _registry._auto_kernel("set", "float32", 4)
+    report["warnings"] = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    report["pallas_loaded"] = any(m.startswith("jax.experimental.pallas.tr") for m in sys.modules)
+    print(json.dumps(report))
+    """
+)
+
+
+def _run_blocked():
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    done = subprocess.run(
+        [sys.executable, "-c", _BLOCKED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_without_pallas_triton_the_package_imports_and_works():
+    report = _run_blocked()
+    assert report["import"] and report["ok"] and not report["pallas_loaded"], report
+    assert "Pallas's Triton backend" in report["pallas"] and "removed" in report["pallas"], report
+    assert report["alive"], report
+    if report["platform"] != "gpu":
+        return  # auto takes XLA off CUDA whatever is installed.
+    if report["auto"] == "triton":
+        assert any("raw Triton kernels" in w for w in report["warnings"]), report
+    else:
+        assert report["auto"] is None, report
+        said = [w for w in report["warnings"] if "pallas-pinned[triton]" in w]
+        assert len(said) == 1, report
+
+
+@pytest.mark.gpu
+def test_gpu_without_pallas_triton_auto_runs_raw_triton():
+    pytest.importorskip("jax_triton")
+    report = _run_blocked()
+    assert report["ok"] and report["auto"] == "triton", report

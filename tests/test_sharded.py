@@ -223,7 +223,6 @@ def run_mesh(size: int) -> dict:
         other = jax.make_mesh((size,), ("data",), devices=devices[:size][::-1])
         bad = [
             (np.zeros((n_rows, 2 * size), np.float32), P(None, "data"), 1, 0.0, "axis 0 only"),
-            (x0, P(), 1, 0.0, "axis 0 only"),
             (x0, P("data"), np.arange(size), jax.device_put(np.ones((size, 3), np.float32),
              NamedSharding(other, P("data"))), "another mesh"),
             (x0, P("data"), np.array([1.0]), 0.0, "float"),
@@ -235,7 +234,7 @@ def run_mesh(size: int) -> dict:
                         "outside x's mesh"))
         for data, spec, idx, upd, text in bad:
             x = jax.device_put(data, NamedSharding(mesh, spec, memory_kind="pinned_host"))
-            kw = {"mode": "wrap"} if text == "unknown mode" else {}
+            kw = {"mode": "wrapped"} if text == "unknown mode" else {}
             for op in (_sharded.scatter, _sharded.scatter_add):
                 refused(lambda: op(x, idx, upd, **kw), text)  # noqa: B023 - called at once.
                 assert not x.is_deleted()

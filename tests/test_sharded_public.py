@@ -42,6 +42,38 @@ _CHILD = textwrap.dedent(
     (a, ga, sa), (b, gb, _) = results
     assert sa.spec == P("data"), sa
     assert a.tobytes() == b.tobytes() and ga.tobytes() == gb.tobytes()
+
+    # Every index form: a 3-D buffer sharded along axis 0, against jnp.
+    y0 = rng.standard_normal((8, 6, 5)).astype(np.float32)
+    sharded3 = NamedSharding(mesh, P("data"), memory_kind="pinned_host")
+    forms = [
+        (np.array([1, 7, 1]), np.array([0, 5, 2])),
+        (slice(None), np.array([4, -1])),
+        (jax.ds(3, 4), 2),
+        (Ellipsis, np.array([[1], [3]])),
+        (np.int32(-2), None, slice(1, 4)),
+    ]
+    for index in forms:
+        for method in ("set", "add", "max"):
+            ours = getattr(pp.at(jax.device_put(y0, sharded3))[index], method)(2.5)
+            theirs = getattr(jnp.asarray(y0).at[index], method)(2.5)
+            assert ours.sharding.spec == P("data"), ours.sharding
+            assert np.asarray(ours).tobytes() == np.asarray(theirs).tobytes(), (index, method)
+        got = pp.at(jax.device_put(y0, sharded3))[index].get()
+        assert np.asarray(got).tobytes() == np.asarray(jnp.asarray(y0)[index]).tobytes(), index
+    ring = pp.at(jax.device_put(y0, sharded3))[jax.ds(6, 4)].set(0.0, mode="wrap")
+    expected = y0.copy(); expected[[6, 7, 0, 1]] = 0.0
+    assert np.asarray(ring).tobytes() == expected.tobytes()
+
+    # A replicated buffer: the same rule eagerly and under jit (each copy updated alike).
+    replicated = NamedSharding(mesh, P(), memory_kind="pinned_host")
+    expected = jnp.asarray(x0).at[idx].set(upd, mode="drop")
+    eager = pp.scatter_to_host(jax.device_put(x0, replicated), idx, upd)
+    traced = jax.jit(pp.scatter_to_host, donate_argnums=0)(jax.device_put(x0, replicated), idx, upd)
+    for out in (eager, traced):
+        assert out.sharding.is_fully_replicated and out.sharding.memory_kind == "pinned_host"
+        for shard in out.addressable_shards:
+            assert np.asarray(shard.data).tobytes() == np.asarray(expected).tobytes()
     print("ok")
     """
 )

@@ -1,0 +1,214 @@
+"""The local layer of the reads: ``x.at[index].get()`` on one buffer, into device memory.
+
+The public op validates and parses the index, then calls :func:`read`: a jit
+outside a trace (``x`` is not consumed), :func:`read_traced` inside one.
+That asks ``_registry.choose`` for the implementation: a block is one
+``dynamic_slice`` (``_block``); every other form reads rows of a 2-D view of
+the buffer, by XLA or a kernel, under the rules of :func:`_rows_op`:
+
+* ``jax.vmap`` over the indices folds the batch into one read; over a host
+  buffer it is refused (there is one buffer);
+* differentiation with respect to a device buffer works as jnp's gather
+  does; with respect to a host buffer it is refused while tracing (the
+  cotangent would be as large as the buffer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_pinned import _block, _host_xla, _placement, _registry, _rows, _validation, tuning
+from pallas_pinned._index import IndexPlan
+from pallas_pinned.kernels.row_layout import offsets_fit
+from pallas_pinned.reference import gather_rows_reference
+
+__all__ = ["ReadCall", "read", "read_traced"]
+
+_DEVICE = jax.memory.Space.Device
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadCall:
+    """Everything static about one read; hashable, so it keys jit's cache."""
+
+    plan: IndexPlan
+    mode: str | None
+    fill: _validation.StaticScalar
+    ascending: bool
+    backend: str
+    thresholds: tuning.Thresholds
+
+    @classmethod
+    def of(cls, plan, *, mode, fill, indices_are_sorted, backend):
+        """The call's settings, its index form's own guarantees and the current thresholds."""
+        return cls(
+            plan=plan,
+            mode=mode,
+            fill=_validation.StaticScalar(fill),
+            ascending=bool(indices_are_sorted) or plan.ascending,
+            backend=backend,
+            thresholds=tuning.current(),
+        )
+
+    @property
+    def fill_mode(self) -> bool:
+        return self.mode in _validation.FILL_MODES
+
+    def fill_value(self, dtype):
+        value = self.fill.value
+        return _validation.default_fill(dtype) if value is None else value
+
+
+def read(x, operands, call: ReadCall):
+    """Runs (or, inside a trace, stages) the read; the result is in device memory."""
+    if _placement.is_concrete(x):
+        x = _placement.fix_memory_space(x)  # Traces must see where x really is.
+    return _read_jit(x, operands, call)
+
+
+@functools.partial(jax.jit, static_argnames=("call",))
+def _read_jit(x, operands, call: ReadCall):
+    return read_traced(x, operands, call)
+
+
+def read_traced(x, operands, call: ReadCall):
+    plan = call.plan
+    out_shape = plan.result_shape
+    if math.prod(out_shape) == 0:
+        return jax.device_put(jnp.zeros(out_shape, x.dtype), _DEVICE)
+    if x.size == 0:  # An indexed axis is empty: only fill modes get here (checked up front).
+        fill = call.fill_value(x.dtype)
+        return jax.device_put(lax.full(out_shape, fill, x.dtype), _DEVICE)
+    impl = _registry.choose("get", plan.kind, x, plan.num_entries, call.backend)
+    if impl == "block":
+        out = _block_op(call)(x, operands)
+        return jax.device_put(out, _DEVICE)
+    rows = plan.rows(operands, call.mode, read=True)
+    row_mode = "drop" if call.fill_mode else "clip"
+    rows = _rows.normalize_rows(_placement.to_device_memory(rows), plan.num_rows, row_mode)
+    x2d = x.reshape(plan.num_rows, plan.width)
+    out2d = jax.device_put(_rows_op(impl, call.ascending, call.thresholds)(x2d, rows), _DEVICE)
+    if call.fill_mode:
+        # lax.full_like converts as jnp's own fill does (e.g. 1000 wraps in int8).
+        fill = lax.full_like(out2d, call.fill_value(x.dtype))
+        out2d = jnp.where(_rows.rows_in_range(rows, plan.num_rows)[:, None], out2d, fill)
+    return jax.device_put(out2d.reshape(out_shape), _DEVICE)
+
+
+# --- the row read: kernel or XLA -----------------------------------------------------
+
+
+def _read_rows(x2d, rows, *, impl: str, ascending: bool, thresholds: tuning.Thresholds):
+    """``(n, d)`` rows of ``x2d`` for normalized ``rows``; zeros where out of range."""
+    if impl == "xla":
+        return _host_xla.gather_rows(x2d, rows)
+    kernel = functools.partial(_kernel_read, backend=impl, ascending=ascending,
+                               thresholds=thresholds)
+    if impl == "interpret":
+        return kernel(x2d, rows)
+    if impl == "pallas" and not (
+        offsets_fit(x2d.shape, x2d.dtype)
+        and offsets_fit((rows.shape[0], x2d.shape[1]), x2d.dtype)
+    ):
+        return _host_xla.gather_rows(x2d, rows)  # Pallas' 32-bit offsets would wrap.
+    return lax.platform_dependent(x2d, rows, cuda=kernel, default=_host_xla.gather_rows)
+
+
+def _kernel_read(x2d, rows, *, backend: str, ascending: bool, thresholds: tuning.Thresholds):
+    num_reads = rows.shape[0]
+    dest = None
+    if thresholds.coalesce and not ascending and num_reads >= thresholds.sort_min_gathers:
+        # Read in ascending address order (coalesced PCIe reads) and let the
+        # kernel store each row straight at its place in the caller's order.
+        rows, dest = lax.sort((rows, lax.iota(jnp.int32, num_reads)), num_keys=1)
+    return _registry.kernels(backend).get(x2d, rows, dest)
+
+
+_HOST_GRAD_MESSAGE = (
+    "gather_from_host cannot be differentiated with respect to a buffer in pinned_host "
+    "memory (x of shape {shape}, dtype {dtype}): its gradient would be a dense array as "
+    "large as the whole host buffer. Wrap x in jax.lax.stop_gradient if only other "
+    "inputs matter, or gather from a device-memory array to get that gradient. If x "
+    "comes from scatter_*_to_host(x0, i, u) and you differentiate with respect to u, "
+    "read x0 before the write and apply u on the device: for unique rows, "
+    "gather_from_host(x0, i) + u is what the updated rows read back as"
+)
+
+_HOST_VMAP_MESSAGE = (
+    "jax.vmap over the buffer x of gather_from_host is not supported for x in pinned_host "
+    "memory (batched x of shape {shape}); vmap over the indices only (the batch is "
+    "folded into one gather), or loop over the buffers"
+)
+
+
+def _guarded(read_fn, tangent_fn, fold=None):
+    """``read_fn(x, dyn)`` with the vmap and jvp rules of the module docstring.
+
+    ``tangent_fn(x_dot, dyn)`` is the same read in plain jnp, linear in
+    ``x_dot`` (JAX transposes it for grad). ``fold(read, axis_size, x, dyn)``,
+    when given, reads a batch of index operands (batched along axis 0) in one
+    call; else JAX batches ``read_fn``.
+    """
+
+    @jax.custom_batching.custom_vmap
+    def batched_safe(x, dyn):
+        return read_fn(x, dyn)
+
+    @batched_safe.def_vmap
+    def _vmap_rule(axis_size, in_batched, x, dyn):
+        x_batched, dyn_batched = in_batched
+        if x_batched and _placement.on_host(x):
+            raise NotImplementedError(_HOST_VMAP_MESSAGE.format(shape=x.shape))
+        if x_batched or fold is None:
+            axes = (0 if x_batched else None, jax.tree.map(lambda b: 0 if b else None,
+                                                           dyn_batched))
+            return jax.vmap(read_fn, in_axes=axes)(x, dyn), True
+        return fold(differentiable, axis_size, x, dyn), True
+
+    @jax.custom_jvp
+    def differentiable(x, dyn):
+        return batched_safe(x, dyn)
+
+    @differentiable.defjvp
+    def _jvp_rule(primals, tangents):
+        x, dyn = primals
+        if _placement.on_host(x):
+            # TypeError, as the writes refuse a gradient for their buffer.
+            raise TypeError(_HOST_GRAD_MESSAGE.format(shape=x.shape, dtype=x.dtype))
+        x_dot, _ = tangents
+        # Linear in x_dot, so JAX transposes it into a scatter-add for grad.
+        return differentiable(x, dyn), tangent_fn(x_dot, dyn)
+
+    return differentiable
+
+
+def _fold_rows(read, axis_size, x2d, rows):
+    # Only the indices are batched: one read over all of them.
+    flat = read(x2d, rows.reshape(-1))
+    return flat.reshape(axis_size, rows.shape[1], x2d.shape[1])
+
+
+@functools.cache
+def _rows_op(impl: str, ascending: bool, thresholds: tuning.Thresholds):
+    """The row read for one static setting, with its rules (the tangent reads like jnp)."""
+
+    read_fn = functools.partial(
+        _read_rows, impl=impl, ascending=ascending, thresholds=thresholds
+    )
+    return _guarded(read_fn, gather_rows_reference, _fold_rows)
+
+
+@functools.cache
+def _block_op(call: ReadCall):
+    def read_fn(x, operands, fill=None):
+        fill = call.fill_value(x.dtype) if fill is None else fill
+        return _block.read(x, call.plan, operands, mode=call.mode, fill=fill)
+
+    # The tangent fills with zeros: a filled entry does not depend on x.
+    return _guarded(read_fn, functools.partial(read_fn, fill=0))

@@ -1,0 +1,227 @@
+"""The local layer of the writes: one buffer on one device, any index form, any update op.
+
+The public ops validate and parse the index (``_index.parse``), then call
+:func:`write`. Inside a trace it stages :func:`write_traced` under the rules
+below; outside, it runs that in a jit that donates ``x`` (so the update
+happens in place) and places the result exactly where ``x`` is.
+
+:func:`write_traced` asks ``_registry.choose`` for the implementation: a
+block copy (``_block``), or the rows of a 2-D view of the buffer for XLA or
+a kernel (``_write_rows``). The sharded layer calls :func:`write_traced` per
+shard, never the public ops.
+
+Transformations: the write updates one buffer, so ``jax.vmap`` is refused
+(with the folded alternative), and so is a gradient with respect to ``x``
+(its cotangent would be a second buffer of the same size). Set and add
+differentiate with respect to ``updates`` by rules of their own; min, max and
+mul refuse it. Called outside ``jit`` under a transformation (eager
+``jax.grad``), ``x`` is not donated: a failure later in the transformation
+leaves it alive, and the caller never receives the updated buffer anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_pinned import _block, _placement, _registry, _rows, _write_rows, tuning
+from pallas_pinned._index import IndexPlan
+from pallas_pinned.reference import gather_rows_reference
+
+__all__ = ["WriteCall", "write", "write_traced"]
+
+OP_NAMES = {
+    "set": "scatter_to_host",
+    "add": "scatter_add_to_host",
+    "min": "scatter_min_to_host",
+    "max": "scatter_max_to_host",
+    "mul": "scatter_mul_to_host",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteCall:
+    """Everything static about one write; hashable, so it keys jit's cache."""
+
+    op: str
+    plan: IndexPlan
+    mode: str | None
+    unique: bool
+    ascending: bool
+    backend: str
+    thresholds: tuning.Thresholds
+
+    @classmethod
+    def of(cls, op, plan, *, mode, unique_indices, indices_are_sorted, backend):
+        """The call's settings, its index form's own guarantees and the current thresholds."""
+        return cls(
+            op=op,
+            plan=plan,
+            mode=mode,
+            unique=bool(unique_indices) or plan.unique,
+            ascending=bool(indices_are_sorted) or plan.ascending,
+            backend=backend,
+            thresholds=tuning.current(),
+        )
+
+    @property
+    def row_mode(self) -> str | None:
+        """The mode the row writes apply: the call's own for axis-0 indices.
+
+        Other forms arrive with their rows normalized axis by axis (rows to
+        leave alone marked), so the row writes only drop the marked ones.
+        """
+        if self.plan.kind == "axis0" and self.mode != "wrap":
+            return self.mode
+        return "drop"
+
+    def row_write(self) -> _write_rows.RowWrite:
+        return _write_rows.RowWrite(
+            op=self.op,
+            mode=self.row_mode,
+            unique=self.unique,
+            ascending=self.ascending,
+            thresholds=self.thresholds,
+        )
+
+
+def write_traced(x, operands, updates, call: WriteCall):
+    """``x.at[index].<op>(updates)``, staged; the result has ``x``'s shape and placement."""
+    plan = call.plan
+    if plan.num_entries == 0 or x.size == 0:
+        return x
+    impl = _registry.choose(call.op, plan.kind, x, plan.num_entries, call.backend)
+    if impl == "block":
+        return _block.write(x, plan, operands, updates, op=call.op, mode=call.mode)
+    rows = plan.rows(operands, call.mode, read=False)
+    x2d = x.reshape(plan.num_rows, plan.width)
+    updates2d = _write_rows.updates_2d(x.dtype, updates, plan.result_shape, plan.width)
+    return _write_rows.write(x2d, rows, updates2d, call.row_write(), impl).reshape(x.shape)
+
+
+# --- transformations -------------------------------------------------------------------
+
+
+def _rows_of(call: WriteCall, operands):
+    """The normalized rows of the 2-D view that the write touched (skip markers else)."""
+    plan = call.plan
+    operands = jax.tree.map(_placement.to_device_memory, operands)
+    rows = plan.rows(operands, call.mode, read=False)
+    return _rows.normalize_rows(_placement.to_device_memory(rows), plan.num_rows, call.row_mode)
+
+
+def _updates_vjp(call: WriteCall, residuals, cotangent):
+    """The cotangent of ``updates``: set gives each update its row's if it won; add, always."""
+    _, operands, updates = residuals
+    plan = call.plan
+    rows = _rows_of(call, operands)
+    flat = _placement.to_device_memory(cotangent).reshape(plan.num_rows, plan.width)
+    picked = gather_rows_reference(flat, rows)
+    if call.op == "set":
+        kept_sorted, src = _rows.dedupe_last_wins(rows, plan.num_rows)
+        survives = jnp.zeros(rows.shape, bool).at[src].set(
+            _rows.rows_in_range(kept_sorted, plan.num_rows), unique_indices=True
+        )
+        picked = jnp.where(survives[:, None], picked, 0)
+    return _transpose_to_updates(picked.reshape(plan.result_shape), updates)
+
+
+def _transpose_to_updates(picked: jax.Array, updates: jax.Array) -> jax.Array:
+    """Undoes the forward's cast to the buffer's dtype and its broadcast (sums, casts back)."""
+    _, to_updates = jax.vjp(
+        lambda u: jnp.broadcast_to(u.astype(picked.dtype), picked.shape), updates
+    )
+    (cotangent,) = to_updates(picked)
+    return cotangent
+
+
+def _vmap_message(op_name: str) -> str:
+    return (
+        f"{op_name} does not support jax.vmap: it updates one buffer in place. Fold a batch "
+        f"of index/update sets into one call, {op_name}(x, indices.reshape(-1), "
+        "updates.reshape((-1,) + x.shape[1:])) (for set, later sets win), or loop over "
+        "buffers with lax.fori_loop / lax.scan"
+    )
+
+
+def _grad_message(op_name: str, what: str) -> str:
+    if what == "x":
+        return (
+            f"{op_name} is not differentiable with respect to the buffer x: its cotangent "
+            "would be a second buffer of x's full size. Differentiate with respect to updates "
+            "only, and wrap the buffer in jax.lax.stop_gradient(x) if it is derived from "
+            "differentiated values"
+        )
+    return (
+        f"{op_name} is not differentiable with respect to updates (only set and add are). "
+        "Compute the differentiated values on the device, e.g. new = jnp.minimum(old, u) with "
+        "old = pallas_pinned.gather_from_host(x, i), and write them with scatter_to_host "
+        "outside the differentiated function"
+    )
+
+
+@functools.cache
+def _with_rules(call: WriteCall):
+    op_name = OP_NAMES[call.op]
+
+    @jax.custom_batching.custom_vmap
+    def unbatched(x, operands, updates):
+        return write_traced(x, operands, updates, call)
+
+    @unbatched.def_vmap
+    def _reject(axis_size, in_batched, *args):
+        raise NotImplementedError(_vmap_message(op_name))
+
+    @jax.custom_vjp
+    def op(x, operands, updates):
+        return unbatched(x, operands, updates)
+
+    def fwd(x, operands, updates):
+        # symbolic_zeros: each argument says whether it is being differentiated,
+        # so refusals come while tracing, before anything runs.
+        if x.perturbed:
+            raise TypeError(_grad_message(op_name, "x"))
+        if updates.perturbed and call.op not in ("set", "add"):
+            raise TypeError(_grad_message(op_name, "updates"))
+        operands = tuple(primal.value for primal in operands)
+        out = unbatched(x.value, operands, updates.value)
+        return out, (x.value.shape, operands, updates.value)
+
+    def bwd(residuals, cotangent):
+        return None, None, _updates_vjp(call, residuals, cotangent)
+
+    op.defvjp(fwd, bwd, symbolic_zeros=True)
+    return op
+
+
+@functools.cache
+def _jitted(sharding, donate: bool):
+    def run(x, operands, updates, call):
+        return _with_rules(call)(x, operands, updates)
+
+    return jax.jit(
+        run, static_argnums=(3,), donate_argnums=(0,) if donate else (), out_shardings=sharding
+    )
+
+
+def write(x, operands, updates, call: WriteCall):
+    """Runs (or, inside a trace, stages) the write with its transformation rules.
+
+    Outside a trace, ``x`` is consumed (donated) and the update happens in
+    place, unless another argument is being transformed (see the module
+    docstring); when there is nothing to write, ``x`` comes back untouched.
+    """
+    if not isinstance(updates, jax.Array | jax.core.Tracer):
+        updates = jnp.asarray(updates)  # custom_vjp wants arrays, not Python scalars.
+    if isinstance(x, jax.core.Tracer):
+        return _with_rules(call)(x, operands, updates)
+    if call.plan.num_entries == 0 or x.size == 0:
+        return x  # Nothing to write; the buffer stays as it is.
+    x = _placement.fix_memory_space(x)
+    transformed = any(
+        isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((operands, updates))
+    )
+    return _jitted(x.sharding, not transformed)(x, operands, updates, call)

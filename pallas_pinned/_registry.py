@@ -1,0 +1,255 @@
+"""The implementations of each op, which one ``backend="auto"`` runs, and how kernels load.
+
+Per op, :data:`IMPLEMENTATIONS` lists the mechanisms in the order ``auto``
+tries them; the first that can serve the call runs, the others are fallen
+through to (tokamax's registry is the model):
+
+* ``"block"``: a contiguous block (``_index`` plan kind ``"block"``) is one
+  copy, ``lax.dynamic_update_slice`` / ``dynamic_slice``: XLA's asynchronous
+  DMA for a host buffer (the fact this library builds on: an aliased host
+  buffer stays on the host, and XLA's own copy of a block into it is a DMA);
+* ``"pallas"``, ``"triton"``: the row kernels (Pallas-Triton, or raw Triton
+  through jax-triton), for a host buffer on a CUDA GPU. Between the two,
+  ``backend_table.json`` decides (written by ``python -m
+  benchmarks.choose_backends`` from the loop benchmark; the file names its
+  source); each must also be importable and able to launch here;
+* ``"xla"``: the plain-jnp reference (``reference.py``, ``_host_xla.py``),
+  always available: the base implementation.
+
+An explicit ``backend=`` names one kernel family and is honoured for every
+index form, or refused before anything runs with the reason
+(:func:`check_available`). :func:`kernels` is the one launcher per backend:
+it imports that family's kernel modules on first use, so nothing of Pallas or
+Triton is imported before a kernel is launched.
+
+Upstream deprecated Pallas's Triton backend (jax 0.11.0) and jax can raise the
+deprecation as an error (``jax._src.deprecations``' "accelerated" state); the
+module may also disappear. Its warning fires when XLA lowers our kernels,
+inside the user's own ``jit``: the package filters exactly that message, and
+``auto`` follows the backend's fate itself: Pallas-Triton while it lowers,
+else raw Triton, else XLA, with one warning that says what to install.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import re
+import types
+import warnings
+from importlib import resources
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pallas_pinned import _placement, tuning
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "PALLAS_TRITON_DEPRECATION",
+    "check_available",
+    "choose",
+    "kernels",
+    "measured_choice",
+    "pallas_triton_usable",
+]
+
+# The start of upstream's message; tests pin it, so a change upstream shows.
+PALLAS_TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
+
+warnings.filterwarnings(
+    "ignore", message=re.escape(PALLAS_TRITON_DEPRECATION), category=DeprecationWarning
+)
+
+KERNEL_BACKENDS = ("pallas", "triton", "interpret")
+IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
+    op: ("block", "pallas", "triton", "xla")
+    for op in ("set", "add", "min", "max", "mul", "get")
+}
+
+# The kernel modules of each family, imported on first launch.
+_FAMILIES = {
+    "pallas": {
+        "set": "scatter_pallas", "add": "scatter_add_pallas", "get": "gather_pallas",
+    },
+    "triton": {
+        "set": "scatter_triton", "add": "scatter_add_triton", "get": "gather_triton",
+    },
+}
+
+
+def _import_kernel(name: str):
+    return importlib.import_module(f"pallas_pinned.kernels.{name}")
+
+
+@functools.cache
+def pallas_triton_importable() -> str | None:
+    """None when Pallas's Triton backend imports; else why not."""
+    try:
+        importlib.import_module("jax.experimental.pallas")
+        importlib.import_module("jax.experimental.pallas.triton")
+    except ImportError as err:
+        return f"Pallas's Triton backend does not import in this jax ({err})"
+    return None
+
+
+def _copy_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+@functools.cache
+def pallas_triton_usable() -> bool:
+    """Whether Pallas's Triton backend imports and still lowers a kernel in this jax."""
+    if pallas_triton_importable() is not None:
+        return False
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    def copy(x):
+        return pl.pallas_call(
+            _copy_kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            compiler_params=plgpu.CompilerParams(),
+        )(x)
+
+    spec = jax.ShapeDtypeStruct((8,), jnp.float32)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            jax.jit(copy).trace(spec).lower(lowering_platforms=("cuda",))
+    except Exception as err:  # noqa: BLE001 - any failure to lower is the answer
+        # The accelerated deprecation raises its own text. Anything else here
+        # (no GPU to lower for on a CPU-only jaxlib) does not say the backend
+        # is gone, and "auto" takes no kernel path off CUDA anyway.
+        return PALLAS_TRITON_DEPRECATION not in str(err)
+    return True
+
+
+@functools.cache
+def raw_triton_usable() -> bool:
+    try:
+        _import_kernel("triton_common").check_can_launch()
+    except (ImportError, NotImplementedError):  # Not installed, or cannot launch here.
+        return False
+    return True
+
+
+def kernels(backend: str) -> types.SimpleNamespace:
+    """The launcher of one kernel family: ``set``, ``set_fused``, ``add`` and ``get``.
+
+    ``"interpret"`` is the Pallas family run by the Pallas interpreter.
+    Imports the family's modules on first use (ImportError with the reason
+    when they cannot be imported).
+    """
+    family = "pallas" if backend == "interpret" else backend
+    modules = {op: _import_kernel(name) for op, name in _FAMILIES[family].items()}
+    interpret = {"interpret": True} if backend == "interpret" else {}
+    if family == "triton":
+        return types.SimpleNamespace(
+            set=modules["set"].scatter_rows_triton,
+            set_fused=None,
+            add=modules["add"].scatter_add_rows_triton,
+            get=modules["get"].gather_rows_triton,
+        )
+    return types.SimpleNamespace(
+        set=functools.partial(modules["set"].scatter_rows, **interpret),
+        set_fused=functools.partial(modules["set"].scatter_rows_fused, **interpret),
+        add=functools.partial(modules["add"].scatter_add_rows, **interpret),
+        get=functools.partial(modules["get"].gather_rows, **interpret),
+    )
+
+
+def check_available(x: Any, backend: str) -> None:
+    """An explicit kernel backend must be importable and able to run where ``x`` is."""
+    if backend in ("pallas", "interpret"):
+        reason = pallas_triton_importable()
+        if reason is not None:
+            raise NotImplementedError(
+                f"backend={backend!r} needs Pallas's Triton backend, which is unavailable: "
+                f"{reason}. Use backend='auto' (raw Triton or XLA) or backend='triton'"
+            )
+    if backend == "triton":
+        # ImportError naming the extra when triton or jax-triton is missing:
+        # a missing extra is reported before the platform.
+        _import_kernel("triton_common").check_installed()
+    if backend in ("pallas", "triton") and _placement.platform_of(x) != "gpu":
+        raise NotImplementedError(
+            f"backend={backend!r} compiles a Triton kernel and needs a CUDA GPU, but x is on "
+            f"{_placement.platform_of(x)!r}; use backend='interpret' to run the Pallas kernel "
+            "on CPU, or 'auto'"
+        )
+
+
+@functools.cache
+def _table() -> dict:
+    text = resources.files("pallas_pinned").joinpath("backend_table.json").read_text()
+    return json.loads(text)
+
+
+def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None) -> str:
+    """The kernel backend the table measured faster ("pallas" where it says nothing).
+
+    min, max and mul read and write rows as add does: they follow add's entry.
+    """
+    table = _table() if table is None else table
+    size = "small" if num_entries <= table["small_max_rows"] else "large"
+    op = {"min": "add", "max": "add", "mul": "add", "get": "gather"}.get(op, op)
+    entry = table["choices"].get(op, {}).get(str(jnp.dtype(dtype)), {}).get(size)
+    return entry["backend"] if entry else "pallas"
+
+
+def _auto_kernel(op: str, dtype, num_entries: int) -> str | None:
+    """``"pallas"``, ``"triton"`` or None (no kernel can run) for ``auto`` on CUDA."""
+    if not pallas_triton_usable():
+        return _without_pallas_triton()
+    if measured_choice(op, dtype, num_entries) == "triton" and raw_triton_usable():
+        return "triton"
+    return "pallas"
+
+
+@functools.cache
+def _without_pallas_triton() -> str | None:
+    if raw_triton_usable():
+        warnings.warn(
+            "Pallas's Triton backend is unavailable in this jax (removed, or its deprecation "
+            "raised as an error); pallas_pinned's backend='auto' uses the raw Triton kernels "
+            "(jax-triton) instead",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return "triton"
+    warnings.warn(
+        "Pallas's Triton backend is unavailable in this jax and jax-triton cannot launch; "
+        "pallas_pinned's backend='auto' falls back to XLA, which is much slower for host "
+        'buffers. pip install "pallas-pinned[triton]" restores the kernel path',
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return None
+
+
+def choose(op: str, plan_kind: str, x: Any, num_entries: int, backend: str) -> str:
+    """The implementation that serves one traced call: a name of :data:`IMPLEMENTATIONS`.
+
+    For an explicit kernel backend, that backend (its availability was
+    checked up front); for ``"xla"``, ``"block"`` where the index is a block,
+    else ``"xla"``. ``"auto"`` walks the op's list: a block copy for a block
+    (when :class:`tuning.Thresholds` allows it), a kernel for a host buffer
+    where one can run, XLA otherwise. A kernel choice still runs XLA off CUDA
+    (the caller wraps it in ``lax.platform_dependent``).
+    """
+    if backend in KERNEL_BACKENDS:
+        return backend
+    block_ok = plan_kind == "block" and (backend == "xla" or tuning.current().block_copy)
+    for name in IMPLEMENTATIONS[op]:
+        if name == "block" and block_ok:
+            return name
+        if name in ("pallas", "triton") and backend == "auto" and _placement.on_host(x):
+            kernel = _auto_kernel(op, x.dtype, num_entries)
+            if kernel is not None:
+                return kernel
+        if name == "xla":
+            return name
+    raise AssertionError(f"no implementation of {op}")  # "xla" always serves.

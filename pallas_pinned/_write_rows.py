@@ -1,0 +1,170 @@
+"""Writes into the rows of a 2-D view of the buffer: set, add, min, max, mul; XLA or a kernel.
+
+Every write reaches this module as ``x2d`` ``(num_rows, d)``, a flat list of
+``rows`` and ``(n, d)`` updates (``_local`` made them from any index form).
+:func:`write` runs one implementation of ``_registry``:
+
+* ``"xla"``: the references (``reference.py``), with the row reads and writes
+  of a host buffer done on the buffer itself (``_host_xla``);
+* a kernel backend: the rows are normalized, and duplicates resolved on the
+  device first (set: the last occurrence wins; add, min, max, mul: combined
+  in a fixed order), so that every kernel entry owns a distinct row; then the
+  family's launcher writes into the aliased buffer. Set keeps a one-launch
+  path for small batches (normalization and de-duplication in the kernel);
+  add has its own read-add-write kernel; min, max and mul read the rows with
+  the gather kernel, combine on the device and write them with the set kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_pinned import _host_xla, _placement, _registry, _rows, tuning
+from pallas_pinned.kernels.row_layout import offsets_fit
+from pallas_pinned.reference import scatter_combine_rows_reference, scatter_rows_reference
+
+__all__ = ["RowWrite", "updates_2d", "write"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowWrite:
+    """Everything static about one row write; hashable, so it keys jit's cache."""
+
+    op: str  # "set", "add", "min", "max" or "mul"
+    mode: str | None  # jnp's modes, applied to the rows of the 2-D view
+    unique: bool  # the rows are distinct (promised, or by the index form)
+    ascending: bool  # the normalized rows ascend
+    thresholds: tuning.Thresholds
+
+    @property
+    def rows_distinct(self) -> bool:
+        # Clipping can map distinct out-of-range indices onto the same edge
+        # row: "unique" promises distinct indices, not distinct rows.
+        return self.unique and self.mode != "clip"
+
+
+def write(x2d, rows, updates2d, cfg: RowWrite, implementation: str):
+    """``x2d`` after the write, by ``implementation`` (``"xla"`` or a kernel backend)."""
+    if implementation == "xla":
+        return _xla(x2d, rows, updates2d, cfg)
+    kernel = functools.partial(_kernel, cfg=cfg, backend=implementation)
+    if implementation == "pallas" and not (
+        offsets_fit(x2d.shape, x2d.dtype) and offsets_fit(updates2d.shape, x2d.dtype)
+    ):
+        return _xla(x2d, rows, updates2d, cfg)  # Pallas' 32-bit offsets would wrap.
+    return lax.platform_dependent(
+        x2d, rows, updates2d, cuda=kernel, default=functools.partial(_xla, cfg=cfg)
+    ) if implementation != "interpret" else kernel(x2d, rows, updates2d)
+
+
+def _normalized(x2d, rows, cfg: RowWrite):
+    return _rows.normalize_rows(_placement.to_device_memory(rows), x2d.shape[0], cfg.mode)
+
+
+def _xla(x2d, rows, updates2d, cfg: RowWrite):
+    rows = _normalized(x2d, rows, cfg)
+    if cfg.op == "set":
+        return scatter_rows_reference(x2d, rows, updates2d, unique=cfg.unique)
+    if not _placement.on_host(x2d):
+        return scatter_combine_rows_reference(
+            x2d, rows, updates2d, op=cfg.op, unique=cfg.rows_distinct
+        )
+    # The reference's steps, with the row reads and writes done on the host
+    # buffer itself and all the arithmetic on the device.
+    rows, totals = _combined(x2d, rows, updates2d, cfg)
+    current = _host_xla.gather_rows(x2d, rows).astype(totals.dtype)
+    merged = _rows.COMBINERS[cfg.op](current, totals).astype(x2d.dtype)
+    return _host_xla.set_distinct_rows(x2d, rows, merged)
+
+
+def _combined(x2d, rows, updates2d, cfg: RowWrite, *, presorted: bool = False):
+    """One entry per distinct row, its updates combined in a fixed order (skip markers else)."""
+    totals = updates2d.astype(_rows.add_accumulator_dtype(x2d.dtype, cfg.op))
+    if cfg.rows_distinct or rows.shape[0] <= 1:
+        return rows, totals
+    return _rows.combine_duplicates(
+        rows,
+        totals,
+        x2d.shape[0],
+        presorted=presorted,
+        small_max=cfg.thresholds.small_combine_max,
+        op=cfg.op,
+    )
+
+
+def _kernel(x2d, rows, updates2d, *, cfg: RowWrite, backend: str):
+    launch = _registry.kernels(backend)
+    if cfg.op == "set":
+        return _placement.place_result(_kernel_set(launch, x2d, rows, updates2d, cfg), x2d)
+    if cfg.op == "add":
+        return _placement.place_result(_kernel_add(launch, x2d, rows, updates2d, cfg), x2d)
+    # min, max, mul: read the distinct rows, combine on the device, write them back.
+    rows, totals = _combined(x2d, _normalized(x2d, rows, cfg), updates2d, cfg)
+    current = launch.get(x2d, rows, None).astype(totals.dtype)
+    merged = _rows.COMBINERS[cfg.op](current, totals).astype(x2d.dtype)
+    return _placement.place_result(launch.set(x2d, rows, None, merged, check_bounds=True), x2d)
+
+
+def _kernel_set(launch, x2d, rows, updates2d, cfg: RowWrite):
+    num_rows, num_updates = x2d.shape[0], updates2d.shape[0]
+    limits = cfg.thresholds
+    if launch.set_fused is not None and num_updates <= limits.fused_max_updates:
+        # Small batches: one launch that normalizes and de-duplicates by itself.
+        # widen is a no-op for int32 (int64 with x64) indices.
+        raw = _rows.widen(_placement.to_device_memory(rows))
+        return launch.set_fused(
+            x2d, raw, updates2d, mode=cfg.mode, drop_superseded=not cfg.unique
+        )
+    rows = _normalized(x2d, rows, cfg)
+    # Duplicates must be resolved before the kernel runs (its programs write
+    # in parallel); sorting also turns scattered PCIe writes into ascending ones.
+    sort_for_locality = (
+        limits.coalesce and not cfg.ascending and num_updates >= limits.sort_min_updates
+    )
+    dedupe = not cfg.unique or sort_for_locality
+    src = None
+    if dedupe and not cfg.ascending and num_updates <= limits.small_dedupe_max:
+        rows = _rows.drop_superseded_small(rows, num_rows)
+    elif dedupe:
+        rows, src = _rows.dedupe_last_wins(rows, num_rows, presorted=cfg.ascending)
+    # De-duplication marks superseded rows past the end: those must always be
+    # masked, even when the caller promised in-bounds indices.
+    check_bounds = dedupe or cfg.mode != "promise_in_bounds"
+    return launch.set(x2d, rows, src, updates2d, check_bounds=check_bounds)
+
+
+def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
+    rows = _normalized(x2d, rows, cfg)
+    acc = _rows.add_accumulator_dtype(x2d.dtype)
+    src = None
+    check_bounds = cfg.mode != "promise_in_bounds"
+    if not cfg.rows_distinct and rows.shape[0] > 1:
+        # One distinct row per kernel entry, summed on the device first; the
+        # skip markers it leaves behind must always be masked.
+        rows, updates2d = _combined(x2d, rows, updates2d, cfg, presorted=cfg.ascending)
+        check_bounds = True
+    elif (
+        cfg.thresholds.coalesce
+        and not cfg.ascending
+        and rows.shape[0] >= cfg.thresholds.sort_min_adds
+    ):
+        # Distinct rows: sort only for address locality.
+        rows, src = lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1)
+    return launch.add(x2d, rows, src, updates2d, acc_dtype=acc, check_bounds=check_bounds)
+
+
+def updates_2d(x_dtype, updates, result_shape: tuple[int, ...], width: int):
+    """``updates`` as the ``(n, width)`` rows the kernels read: x's dtype, device memory.
+
+    Broadcast to the indexed result's shape and cast as jnp does; for updates
+    already of that shape and dtype every step is a no-op, so nothing is launched.
+    """
+    updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x_dtype)
+    updates = jnp.broadcast_to(updates, result_shape)
+    num_entries = math.prod(result_shape) // width if width else 0
+    return updates.reshape(num_entries, width)
