@@ -2,13 +2,17 @@
 
     python -m benchmarks.choose_backends [benchmarks/results/loop_h200.json]
 
-For each op (set, add), dtype and batch-size class, the per-step times of the
-``ours_set`` / ``ours_add`` rows measured with ``backend="pallas"`` and with
-``backend="triton"`` in the same run are summed over the cases both measured.
+For each op (set, add, gather), dtype and batch-size class, the per-step
+times of the ``ours_set`` / ``ours_add`` / ``ours_get`` rows measured with
+``backend="pallas"`` and with ``backend="triton"`` in the same run (``python
+-m benchmarks.loop --backends pallas,triton`` on a GPU) are summed over the
+cases both measured.
 Triton is chosen only where it is faster by more than :data:`NOISE`; a closer
 result keeps Pallas (the one with the one-launch path for small sets).
 The table, with where it came from, goes to ``pallas_pinned/backend_table.json``,
-which the package ships.
+which the package ships. An op the source has no pallas/triton pairs for is
+listed under ``unmeasured`` (``auto`` then uses Pallas for it) and named in a
+warning.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ DEFAULT_SOURCE = REPO / "benchmarks" / "results" / "loop_h200.json"
 # Repeated runs of one case spread by a few percent (benchmarks/results/loop_h200.json,
 # min/max per record): a smaller difference is not a measurement of which is faster.
 NOISE = 0.05
-PROVIDERS = {"ours_set": "set", "ours_add": "add"}
+PROVIDERS = {"ours_set": "set", "ours_add": "add", "ours_get": "gather"}
+OPS = tuple(PROVIDERS.values())
 
 
 def size_class(rows: int, small_max: int) -> str:
@@ -75,8 +80,13 @@ def main(argv=None) -> int:
         "small_max_rows": small_max,
         "choices": choose(run["records"], small_max),
     }
+    table["unmeasured"] = [op for op in OPS if op not in table["choices"]]
     args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out} from {args.source}")
+    for op in table["unmeasured"]:
+        print(f"  warning: {args.source} has no {op} rows timed with both pallas and triton: "
+              f"no {op} entry (auto uses Pallas); run python -m benchmarks.loop --backends "
+              "pallas,triton on a GPU")
     for op, dtypes in table["choices"].items():
         for dtype, sizes in dtypes.items():
             for size, c in sizes.items():

@@ -32,6 +32,39 @@ def optional_import(name: str) -> tuple[ModuleType | None, str | None]:
         return None, f"{name} is not importable ({type(err).__name__}: {err})"[:200]
 
 
+def _writable_dir(path: str | None) -> bool:
+    if not path:
+        return False
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def ensure_triton_cache_dir(knobs, environ=os.environ) -> str:
+    """Makes triton's cache directory one that exists and is writable; returns it.
+
+    ``knobs`` is ``triton.knobs`` (None for triton < 3.4, which reads
+    ``TRITON_CACHE_DIR``). jax-triton deletes ``TRITON_CACHE_DIR`` when it is
+    imported, and triton raises "Could not create or locate cache dir" when
+    its directory is empty or cannot be made (the raw Triton peer's 34 errors
+    on the H200, 2026-12-02). Keeps the configured directory when it is
+    usable; else ``$PALLAS_PINNED_TRITON_CACHE``, else a new temporary one.
+    """
+    cache = getattr(knobs, "cache", None)
+    current = cache.dir if cache is not None else environ.get("TRITON_CACHE_DIR")
+    if _writable_dir(current):
+        return current
+    chosen = environ.get("PALLAS_PINNED_TRITON_CACHE")
+    if not _writable_dir(chosen):
+        chosen = tempfile.mkdtemp(prefix="triton_cache_")
+    if cache is not None:
+        cache.dir = chosen
+    environ["TRITON_CACHE_DIR"] = chosen
+    return chosen
+
+
 def has_gpu() -> bool:
     import jax
 

@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # One batched GPU session: install, GPU tests, benchmarks, notebooks; logs to $OUT.
 # Usage (on the H200, from the repository root, so that `python3 -m benchmarks.*` resolves):
-#   bash benchmarks/gpu_session.sh "tests quick notebooks"      # or "tests full loop"
-# Stages: tests quick full demo gatheradd loop tune notebooks. Rough times: tests <= 5.5 min,
-# quick ~2, full ~6, demo < 1, gatheradd ~1, loop ~5, tune ~3, notebooks ~2.
-# LOOP_ARGS (e.g. "--backends pallas,triton" or "--quick") is passed to the loop stage.
+#   bash benchmarks/gpu_session.sh "tests loop sparse"      # or "tests quick full notebooks"
+# Stages: tests quick full demo gatheradd loop sparse tune notebooks
+# Rough times (each stage's timeout in brackets): tests <= 5.5 min [330 s], quick ~2 [420 s],
+# full ~6 [420 s], demo < 1 [200 s], gatheradd ~1 [200 s], loop ~5 [420 s],
+# sparse ~1 [240 s], tune ~3 [360 s], notebooks ~2 [200 s each]. The sum of the timeouts of
+# "tests loop sparse" is 16.5 min; of every stage ~51 min (more than one 30-minute lease).
+# LOOP_ARGS (default "--backends pallas,triton": the rows benchmarks.choose_backends reads,
+# gather included) is passed to the loop stage; SPARSE_ARGS to the sparse stage.
 # jax-triton is carried as a wheel in .whl/ (the machine has no registry).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/pallas_pinned_out}
+# jax-triton deletes TRITON_CACHE_DIR on import; the raw Triton peer of the sweep
+# (benchmarks/triton_peer.py) compiles into this directory instead.
+export PALLAS_PINNED_TRITON_CACHE=${PALLAS_PINNED_TRITON_CACHE:-/tmp/triton_cache}
 mkdir -p "$OUT"
 stages=${1:-"tests quick"}
 log() { echo "== $* ($(date -u +%H:%M:%S))"; }
@@ -45,11 +52,17 @@ for stage in $stages; do
       timeout 200 python3 -m benchmarks.gather_add --out "$OUT" > "$OUT/bench_gather_add.log" 2>&1
       echo "gatheradd rc=$?"; tail -30 "$OUT/bench_gather_add.log" ;;
     loop)
-      log "bench loop ${LOOP_ARGS:-}"
-      timeout 420 python3 -m benchmarks.loop ${LOOP_ARGS:-} --out /tmp/bench_loop \
+      loop_args=${LOOP_ARGS-"--backends pallas,triton"}
+      log "bench loop $loop_args"
+      timeout 420 python3 -m benchmarks.loop $loop_args --out /tmp/bench_loop \
         > "$OUT/bench_loop.log" 2>&1; echo "loop rc=$?"
       tail -45 "$OUT/bench_loop.log"
       tar czf "$OUT/bench_loop.tgz" -C /tmp/bench_loop . ;;
+    sparse)
+      log "bench sparse training ${SPARSE_ARGS:-}"
+      timeout 240 python3 -m benchmarks.sparse_training ${SPARSE_ARGS:-} --out "$OUT" \
+        > "$OUT/bench_sparse.log" 2>&1; echo "sparse rc=$?"
+      tail -12 "$OUT/bench_sparse.log" ;;
     tune)
       log "bench tune"
       timeout 360 python3 -m benchmarks.tune --out /tmp/bench_tune \

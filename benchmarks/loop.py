@@ -6,7 +6,10 @@
     python -m benchmarks.loop --dry-run       # the plan and a rough time estimate
     python -m benchmarks.loop --backends pallas,triton   # plus rows per kernel backend
 
-Each (case, provider) compiles one jitted scan of ``--steps`` steps with the
+Before the grid, the write patterns of ``benchmarks/loop_patterns.py`` (ring
+insert, KV-cache write, per-sequence decode write through
+``pallas_pinned.at(x)[index].set``) each against XLA's best formulation of
+the same write. Each (case, provider) compiles one jitted scan of ``--steps`` steps with the
 buffer donated, counts the kernels a step launches in the compiled HLO, runs
 it once and checks sampled rows against a numpy replay, then times
 ``--runs`` runs after ``--warmup``. ``us_per_step`` is the median run over the
@@ -19,26 +22,32 @@ kernel counting rule in ``benchmarks/hlo.py``. Writes ``loop.json`` and
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import os
+import functools
 import sys
 import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import cases, checks, environment, hlo, plots, report, timing
+from benchmarks import cases, checks, environment, hlo, loop_patterns, plots, report
 from benchmarks.loop_steps import (
     PROVIDER_NAMES,
     PROVIDERS,
     LoopData,
     LoopProvider,
     buffer_shape,
+    check_gathered,
     check_replay,
     make_loop_data,
     scan_fn,
+)
+from benchmarks.scan_runner import (
+    PinnedBuffer,
+    compile_all,
+    fill_op_costs,
+    run_scan,
+    split_runnable,
 )
 from pallas_pinned.testing import (
     LOOP_CASES,
@@ -52,35 +61,6 @@ GIB, MIB = 1 << 30, 1 << 20
 KERNEL_BACKENDS = ("pallas", "triton", "interpret")
 
 
-class PinnedBuffer:
-    """The one pinned buffer of the run, rebuilt when a case needs another dtype or shape."""
-
-    def __init__(self, seed: int):
-        device = jax.devices()[0]
-        self.pinned = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
-        self.x, self.layout, self.seed, self.fills = None, None, seed, 0
-
-    def ensure(self, dtype: str, shape: tuple[int, ...]) -> None:
-        """Random normals made on the device, moved to pinned memory; the old one freed first."""
-        if self.layout == (dtype, shape) and self.x is not None and not self.x.is_deleted():
-            return
-        if self.x is not None and not self.x.is_deleted():
-            self.x.delete()
-        self.fills += 1
-        fresh = jax.random.normal(jax.random.key(self.seed * 1000 + self.fills), shape,
-                                  jnp.dtype(dtype))
-        self.x = jax.block_until_ready(jax.device_put(fresh, self.pinned))
-        fresh.delete()
-        self.layout = (dtype, shape)
-
-    def rebuild_if_lost(self) -> None:
-        """After a failed call the buffer may have been donated: make a fresh one."""
-        if self.x is None or self.x.is_deleted():
-            dtype, shape = self.layout
-            self.layout = None
-            self.ensure(dtype, shape)
-
-
 def base_record(case: LoopCase, provider: LoopProvider, backend: str, steps: int) -> dict:
     return {
         "case": case.name, "op": provider.op, "rows": case.rows, "row_bytes": case.row_bytes,
@@ -91,95 +71,23 @@ def base_record(case: LoopCase, provider: LoopProvider, backend: str, steps: int
     }
 
 
-def compile_all(args, buf: PinnedBuffer, data: LoopData, todo) -> dict:
-    """``{(provider name, backend): (compiled or the exception, compile seconds)}``.
-
-    Compilation dominates a case's cost, and XLA compiles in C++ without the
-    GIL, so the programs of a case are lowered one by one (tracing is Python)
-    and compiled side by side.
-    """
-    lowered = {}
-    for provider, backend in todo:
-        table = data.sorted_dev if provider.sorted_rows else data.table_dev
-        try:
-            lowered[(provider.name, backend)] = scan_fn(provider, backend).lower(
-                buf.x, table, data.base_dev)
-        except Exception as err:  # noqa: BLE001 - recorded by run_pair as the pair's error
-            lowered[(provider.name, backend)] = err
-
-    def compile_one(item):
-        if isinstance(item, Exception):
-            return item, 0.0
-        t0 = time.perf_counter()
-        try:
-            return item.compile(), time.perf_counter() - t0
-        except Exception as err:  # noqa: BLE001 - recorded by run_pair as the pair's error
-            return err, time.perf_counter() - t0
-
-    workers = max(1, min(len(lowered), os.cpu_count() or 1, 8))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        return dict(zip(lowered, pool.map(compile_one, lowered.values()), strict=True))
-
-
 def run_pair(args, buf: PinnedBuffer, data: LoopData, provider: LoopProvider, backend: str,
              compiled_and_s) -> dict:
-    """Checks one compiled scan once against the replay, then times it."""
+    """Checks one compiled grid scan once against the replay, then times it."""
     record = base_record(data.case, provider, backend, args.steps)
+    record["check"] = f"{data.sample.size} sampled rows match the numpy replay"
     table = data.sorted_dev if provider.sorted_rows else data.table_dev
-    compiled, record["compile_s"] = compiled_and_s
-    try:
-        if isinstance(compiled, Exception):
-            raise compiled
-        kernels = hlo.kernels_per_step(compiled.as_text(), args.steps)
-        before = checks.read_rows(buf.x, data.sample)
-        with environment.captured_output() as out:
-            t0 = time.perf_counter()
-            outputs = jax.block_until_ready(compiled(buf.x, table, data.base_dev))
-            first_run_s = time.perf_counter() - t0
-        buf.x = outputs[0]
-        mismatch = check_replay(data, provider, before, checks.read_rows(buf.x, data.sample))
-        slow = first_run_s > args.max_run_s  # one more run only, after no warm-up
-        outputs, measured = timing.measure(
-            lambda state, t, b: compiled(state[0], t, b), outputs, table, data.base_dev,
-            repeats=1 if slow else args.runs, warmup=0 if slow else args.warmup)
-        buf.x = outputs[0]
-    except Exception as err:  # noqa: BLE001 - recorded as an error; the run fails at the end
-        buf.rebuild_if_lost()
-        record["status"] = "error"
-        record["error"] = f"{type(err).__name__}: {err}"[:600]
-        return record
-    per_step = 1e6 / args.steps
-    record.update(
-        us_per_step=measured.median_s * per_step, us_min=measured.min_s * per_step,
-        us_max=measured.max_s * per_step, runs=measured.reps,
-        kernels_per_step=kernels.per_step, hlo_ops=kernels.ops, trip_count=kernels.trip_count,
-        correct=mismatch is None, notes=environment.first_lines(out["text"]),
-        check=mismatch or f"{data.sample.size} sampled rows match the numpy replay",
-    )
-    if slow:
-        record["notes"] = (f"one run took {first_run_s:.1f} s > --max-run-s: timed once; "
-                           + record["notes"])
-    return record
 
+    def judge(before, outputs):
+        after = checks.read_rows(outputs[0], data.sample)
+        mismatch = check_replay(data, provider, before, after)
+        if mismatch is None and provider.op == "get":
+            x_rows = checks.read_rows(outputs[0], data.table[-1])
+            mismatch = check_gathered(data, np.asarray(outputs[1]), x_rows)
+        return mismatch
 
-def skip_reason(args, backend: str) -> str | None:
-    """Why a kernel backend cannot run here (None: it can); never found by trying."""
-    if backend in ("pallas", "triton") and not args.gpu:
-        return "needs a CUDA GPU"
-    if backend == "triton":
-        _, why = environment.optional_import("jax_triton")
-        return f"unavailable: {why}" if why else None
-    return None
-
-
-def fill_op_costs(records: list[dict]) -> None:
-    """Step time and kernels over the same case's baseline."""
-    base = next((r for r in records if r["provider"] == "baseline" and r["us_per_step"]), None)
-    for r in records:
-        if base and r["us_per_step"] is not None:
-            r["op_cost_us"] = r["us_per_step"] - base["us_per_step"]
-        if base and r["kernels_per_step"] is not None:
-            r["op_kernels"] = r["kernels_per_step"] - base["kernels_per_step"]
+    return run_scan(args, buf, record, compiled_and_s, (table, data.base_dev),
+                    lambda x: checks.read_rows(x, data.sample), judge)
 
 
 def pairs(args) -> list[tuple[LoopProvider, str]]:
@@ -192,17 +100,9 @@ def pairs(args) -> list[tuple[LoopProvider, str]]:
 
 def run_case(args, buf: PinnedBuffer, case: LoopCase, started: float, progress) -> list[dict]:
     over_budget = bool(args.time_budget_s) and time.monotonic() - started > args.time_budget_s
-    todo, records = [], []
-    for provider, backend in pairs(args):
-        reason = (f"time budget of {args.time_budget_s:.0f} s used up" if over_budget
-                  else skip_reason(args, backend))
-        if reason:
-            record = base_record(case, provider, backend, args.steps)
-            record["status"] = "skipped: " + reason
-            records.append(record)
-            progress.step(f"{case.name} {provider.name}[{backend}]")
-        else:
-            todo.append((provider, backend))
+    todo, records = split_runnable(
+        args, pairs(args), over_budget,
+        lambda p, b: base_record(case, p, b, args.steps), progress, case.name)
     if not todo:
         return records
     buf.ensure(case.dtype, buffer_shape(case, args.buffer_bytes))
@@ -211,8 +111,15 @@ def run_case(args, buf: PinnedBuffer, case: LoopCase, started: float, progress) 
                                  LOOP_DTYPES.index(case.dtype)])
     data = make_loop_data(case, args.buffer_bytes, args.steps, rng,
                           check_written=args.check_written, check_others=args.check_others)
+    lowerings = {
+        (p.name, b): functools.partial(
+            lambda p, b: scan_fn(p, b).lower(
+                buf.x, data.sorted_dev if p.sorted_rows else data.table_dev, data.base_dev),
+            p, b)
+        for p, b in todo
+    }
     try:
-        compiled = compile_all(args, buf, data, todo)
+        compiled = compile_all(lowerings)
         for provider, backend in todo:
             records.append(run_pair(args, buf, data, provider, backend,
                                     compiled[(provider.name, backend)]))
@@ -251,10 +158,20 @@ def plan_cases(args) -> tuple[str, list[LoopCase], list[tuple[LoopCase, str]]]:
     return grid, planned, dropped
 
 
+def planned_patterns(args) -> list[loop_patterns.PatternCase]:
+    """The write patterns to run (before the grid): those of ``--patterns``, at this size."""
+    sized = loop_patterns.GPU_PATTERNS if args.gpu else loop_patterns.CPU_PATTERNS
+    return [c for c in sized if c.op in args.patterns]
+
+
 def estimate_seconds(args, plan: list[LoopCase]) -> list[float]:
-    """Rough cumulative GPU seconds after each planned case."""
+    """Rough cumulative GPU seconds after each planned case (the patterns first)."""
     runs = 1 + args.warmup + args.runs
     total, out = 0.0, []
+    for case in planned_patterns(args):
+        total += cases.LOOP_CASE_OVERHEAD_S + sum(
+            cases.loop_pair_seconds(case, p, args.steps, runs)
+            for p, _ in loop_patterns.pattern_providers(case, args.backends))
     for case in plan:
         total += cases.LOOP_CASE_OVERHEAD_S + sum(
             cases.loop_pair_seconds(case, p.name, args.steps, runs) for p, _ in pairs(args))
@@ -265,7 +182,9 @@ def estimate_seconds(args, plan: list[LoopCase]) -> list[float]:
 def print_plan(args, grid: str, plan, dropped) -> None:
     cumulative = estimate_seconds(args, plan)
     fits = sum(1 for s in cumulative if not args.time_budget_s or s <= args.time_budget_s)
-    print(f"loop {grid}: {len(plan)} cases x {len(pairs(args))} rows each, {args.steps} steps, "
+    patterns = planned_patterns(args)
+    print(f"loop {grid}: {len(patterns)} write patterns ({', '.join(c.op for c in patterns)}), "
+          f"then {len(plan)} cases x {len(pairs(args))} rows each, {args.steps} steps, "
           f"{args.runs} runs, pinned buffer {report.format_bytes(args.buffer_bytes)}; rough GPU "
           f"estimate {cumulative[-1] if cumulative else 0:.0f} s; time budget "
           f"{args.time_budget_s or 'none'} s (about {fits} cases fit)", flush=True)
@@ -292,6 +211,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma list (the baseline always runs)")
     p.add_argument("--backends", type=cases.choices(KERNEL_BACKENDS), default=(),
                    help="extra rows of every ours_* provider per kernel backend")
+    p.add_argument("--patterns", type=cases.choices((*loop_patterns.PATTERN_OPS, "none")),
+                   default=None, help="write patterns run before the grid (default: all; "
+                   "none with a custom grid); see benchmarks/loop_patterns.py")
     p.add_argument("--rows", type=cases.parse_counts, default=None, help="custom grid: rows")
     p.add_argument("--row-bytes", type=cases.parse_counts, default=None)
     p.add_argument("--dtypes", type=cases.choices(LOOP_DTYPES), default=None)
@@ -327,6 +249,9 @@ def with_defaults(args: argparse.Namespace, gpu: bool) -> argparse.Namespace:
     args.buffer_bytes = int((args.buffer_gib or (1.0 if gpu else 1 / 256)) * GIB)
     if args.time_budget_s is None:
         args.time_budget_s = 240.0 if gpu else 0.0
+    if args.patterns is None:
+        custom = bool(args.rows or args.row_bytes or args.dtypes)
+        args.patterns = () if custom else loop_patterns.PATTERN_OPS
     return args
 
 
@@ -348,11 +273,19 @@ def main(argv=None) -> int:
             "indices": "per step a row of a table of random rows without replacement, made "
                        "with numpy before timing and sliced on the device (sorted per row for "
                        "ours_set_unique_sorted); updates base + step in the buffer's dtype",
+            "patterns": {c.name: loop_patterns.describe(c) for c in planned_patterns(args)},
             "kernel_count_rule": hlo.COUNTING_RULE,
             **environment.environment()}
     buf, started, records = PinnedBuffer(args.seed), time.monotonic(), []
-    progress = report.Progress(len(plan) * len(pairs(args)), desc=f"loop {grid}")
+    patterns = planned_patterns(args)
+    total = (sum(len(loop_patterns.pattern_providers(c, args.backends)) for c in patterns)
+             + len(plan) * len(pairs(args)))
+    progress = report.Progress(total, desc=f"loop {grid}")
     try:
+        for case in patterns:
+            over = bool(args.time_budget_s) and time.monotonic() - started > args.time_budget_s
+            records += loop_patterns.run_pattern_case(args, buf, case, over, progress)
+            report.write_json(args.out / "loop.json", {"meta": meta, "records": records})
         for case in plan:
             records += run_case(args, buf, case, started, progress)
             report.write_json(args.out / "loop.json", {"meta": meta, "records": records})

@@ -38,7 +38,7 @@ from pallas_pinned.testing import LoopCase, make_values, scatter_add_oracle, sca
 @dataclasses.dataclass(frozen=True)
 class LoopProvider:
     name: str
-    op: str  # "set", "add" or "none" (the baseline)
+    op: str  # "set", "add", "get" or "none" (the baseline)
     ours: bool  # takes a backend= (extra rows with --backends)
     sorted_rows: bool = False  # reads the sorted index table
 
@@ -52,12 +52,29 @@ PROVIDERS = (
     LoopProvider("xla_add", "add", False),
     LoopProvider("ours_add", "add", True),
     LoopProvider("ours_add_unique", "add", True),
+    LoopProvider("xla_get", "get", False),
+    LoopProvider("ours_get", "get", True),
 )
 PROVIDER_NAMES = tuple(p.name for p in PROVIDERS)
 
 
+def _xla_get(x, i):
+    # jax refuses a gather whose operands live in different memory spaces:
+    # the indices go to host memory, the rows come back to the device.
+    on_host = jax.device_put(i, jax.memory.Space.Host)
+    return jax.device_put(x[on_host], jax.memory.Space.Device)
+
+
+def read_fn(name: str, backend: str) -> Callable:
+    """``read(x, i) -> rows`` of a gather provider."""
+    return {
+        "xla_get": _xla_get,
+        "ours_get": functools.partial(pp.gather_from_host, backend=backend),
+    }[name]
+
+
 def write_fn(name: str, backend: str) -> Callable:
-    """``write(x, i, u) -> x`` of one provider (not for the baseline)."""
+    """``write(x, i, u) -> x`` of one provider (not for the baseline or a gather)."""
     set_ = functools.partial(pp.scatter_to_host, backend=backend)
     add = functools.partial(pp.scatter_add_to_host, backend=backend)
     return {
@@ -81,7 +98,9 @@ def scan_fn(provider: LoopProvider, backend: str) -> Callable:
     """The jitted scan ``(x, table, base) -> outputs``; outputs[0] is the buffer.
 
     The buffer is donated. The baseline also returns the last step's indices
-    and updates: a scan output XLA must compute, so it keeps the work.
+    and updates: a scan output XLA must compute, so it keeps the work. A
+    gather carries the rows it read (outputs[1]: the last step's), which every
+    step overwrites, so every step's read is live.
     """
     steps_of = lambda table: jnp.arange(table.shape[0], dtype=jnp.int32)  # noqa: E731
     if provider.op == "none":
@@ -91,6 +110,17 @@ def scan_fn(provider: LoopProvider, backend: str) -> Callable:
 
             init = (x, jnp.zeros(table.shape[1:], table.dtype), jnp.zeros_like(base))
             return lax.scan(body, init, steps_of(table))[0]
+    elif provider.op == "get":
+        read = read_fn(provider.name, backend)
+
+        def run(x, table, base):
+            def body(carry, t):
+                x, _ = carry
+                i, u = _step_inputs(table, base, t)
+                # + u: the rows depend on the step's data as a write's would.
+                return (x, read(x, i) + u), None
+
+            return lax.scan(body, (x, jnp.zeros_like(base)), steps_of(table))[0]
     else:
         write = write_fn(provider.name, backend)
 
@@ -167,12 +197,13 @@ def check_replay(data: LoopData, provider: LoopProvider, before: np.ndarray,
     Each step is replayed with the oracle of ``pallas_pinned.testing`` on the
     sampled rows it hits. Indices are unique within a step, so sets are
     checked bit for bit; sums within their rounding error (``checks.compare_sums``).
-    The baseline must leave every sampled row as it was.
+    The baseline and a gather must leave every sampled row as it was (a
+    gather's rows are checked by :func:`check_gathered`).
     """
     op = provider.op
-    if op == "none":
+    if op in ("none", "get"):
         return None if before.tobytes() == after.tobytes() else (
-            "the baseline changed the buffer: "
+            f"the {'baseline' if op == 'none' else 'gather'} changed the buffer: "
             f"{_changed_rows(before, after)} sampled rows differ")
     expected = before.copy()
     wide = np.float64
@@ -194,6 +225,20 @@ def check_replay(data: LoopData, provider: LoopProvider, before: np.ndarray,
             f"{_changed_rows(expected, after)} of {after.shape[0]} sampled rows differ "
             "from the numpy replay")
     return checks.compare_sums(after, expected, magnitude, terms)
+
+
+def check_gathered(data: LoopData, last_rows: np.ndarray, x_rows: np.ndarray) -> str | None:
+    """A gather scan's output (the last step's rows + updates) against the buffer's rows.
+
+    ``x_rows`` are the buffer's rows at the last step's indices, read back
+    after the scan (the sampled check shows the buffer unchanged). Exact.
+    """
+    last_step = np.asarray(data.table.shape[0] - 1, data.base.dtype)
+    expected = (x_rows + (data.base + last_step)).astype(data.base.dtype)
+    if expected.tobytes() == last_rows.tobytes():
+        return None
+    return (f"gathered rows: {_changed_rows(expected, last_rows)} of {last_rows.shape[0]} rows "
+            "of the last step differ from the buffer's")
 
 
 def _changed_rows(a: np.ndarray, b: np.ndarray) -> int:

@@ -3,12 +3,23 @@
 It stores rows straight through a pinned tensor's ``data_ptr()`` (host-mapped
 under UVA): what a hand-written kernel outside JAX gets. Importing this module
 raises ImportError when triton is absent, which makes the peer "unavailable".
+
+Triton compiles into its cache directory, ``triton.knobs.cache.dir``. In the
+H200 sweep of 2026-12-02 every launch raised "Could not create or locate
+cache dir" (34 error records): jax-triton deletes ``TRITON_CACHE_DIR`` from
+the environment when it is imported, and triton's fallback was unusable
+there. Before its first launch the peer now points the cache at a directory
+it has made and can write (``environment.ensure_triton_cache_dir``:
+``$PALLAS_PINNED_TRITON_CACHE`` or a fresh temporary one), whatever was
+imported first.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from benchmarks.environment import ensure_triton_cache_dir
 
 
 @triton.jit
@@ -35,6 +46,7 @@ def version() -> str:
 
 def make_store_rows(torch, dst, rows, updates):
     """A call that writes ``dst[rows] = updates`` (CUDA rows and updates, pinned dst)."""
+    ensure_triton_cache_dir(getattr(triton, "knobs", None))
     n, d = updates.shape
     itemsize = updates.element_size()
     block_c = min(_next_pow2(d), 4096 // itemsize)  # 16 KiB tiles, as the Pallas kernel's

@@ -67,7 +67,8 @@ def _synthetic_results() -> dict:
     """A results file in benchmarks.sweep's layout, with made-up numbers (never shown as data).
 
     Two providers whose curves cross, two batch sizes and two dtypes per point (the notebook
-    keeps one), a failed record and a skipped one (both left out of the plots).
+    keeps one), a failed record, a skipped one and two errors (all left out of the plots; the
+    failed one and the errors are named).
     """
     records = []
     for provider, per_update_s, per_byte_s in (("ours", 2e-9, 2e-11), ("xla", 1e-9, 8e-11)):
@@ -96,6 +97,9 @@ def _synthetic_results() -> dict:
                     )
     records[0] = dict(records[0], correct=False)
     records.append(dict(records[1], provider="skipped", gbps=None, status="skipped"))
+    for k in (3, 4):  # a provider that raised (float32 cases): said, not hidden
+        records.append(dict(records[k], provider="raised", gbps=None, median_s=None,
+                            status="error", error="RuntimeError: Could not create cache dir"))
     meta = {
         "date_utc": "2026-12-02T00:00:00+00:00",
         "jax": "0.11.2",
@@ -132,6 +136,8 @@ def test_notebook_02_reads_a_results_file(tmp_path, monkeypatch):
     text = _run_notebook_02(results, tmp_path, monkeypatch)
     assert "plotting: results file bench_scatter_synthetic.json" in text, text[:2000]
     assert "1 records failed their correctness check" in text, text[:2000]
+    assert "2 records are errors" in text, text[:3000]
+    assert "raised: 2 cases: RuntimeError: Could not create cache dir" in text, text[:3000]
     assert "ours vs xla" in text, "the two synthetic providers cross; the table should say where"
     # The other result files are absent here: the notebook must say so, not fill in numbers.
     assert "No GPU results of benchmarks.gather_add" in text, text[-3000:]

@@ -1,0 +1,292 @@
+"""The loop benchmark's write patterns: ring insert, KV-cache write, per-sequence decode write.
+
+Each pattern is the write a client makes at every step of its own loop, through
+the index grammar of ``pallas_pinned.at(x)[index].set(values, mode=...)``,
+measured in a jitted ``lax.scan`` of ``--steps`` steps over a donated pinned
+buffer against XLA's best formulation of the same write, in the same run:
+
+* ``ring``: a block of ``n`` rows at a moving position ``pos = t * n mod N``
+  of an ``(N, W)`` ring whose ``N`` is a multiple of ``n`` (the block never
+  straddles the end). Ours: ``at(x)[jax.ds(pos, n)].set(y, mode="wrap")``;
+  XLA: ``lax.dynamic_update_slice(x, jax.device_put(y, Space.Host), (pos, 0))``.
+* ``ring_wrap``: the same with ``N = 8.5 n`` rows, so every few steps the block
+  wraps from the end to the start. XLA's ``dynamic_update_slice`` clamps its
+  start instead of wrapping, so XLA's formulation is the scatter
+  ``x.at[(pos + arange(n)) % N].set(y)``.
+* ``kv``: a KV cache ``(layers, T, H*D)``; step ``t`` writes one new token's
+  rows for every layer at position ``pos = t mod T``. Ours
+  ``at(kv)[:, pos].set(new)``; XLA ``kv.at[:, pos].set(new)``.
+* ``decode``: per-sequence caches ``(B, T, D)``; step ``t`` writes one row per
+  sequence at its own length, ``lengths = (lengths0 + t) mod T``. Ours
+  ``at(cache)[jnp.arange(B), lengths].set(val)``; XLA
+  ``cache.at[jnp.arange(B), lengths].set(val)``.
+
+The values of step ``t`` are ``base + t`` (made on the device), and the
+baseline makes the positions and values and carries them without writing.
+After one checked run the sampled rows (every row some step wrote, up to
+``--check-written``, plus random others) must equal a numpy replay of every
+step bit for bit; then ``--runs`` timed runs. Records have the grid's fields
+(``op`` is the pattern, ``rows`` the rows written per step) plus ``shape``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import pallas_pinned as pp
+from benchmarks import cases
+from benchmarks.scan_runner import (
+    PinnedBuffer,
+    compile_all,
+    fill_op_costs,
+    run_scan,
+    split_runnable,
+)
+from pallas_pinned.testing import make_values, scatter_oracle
+
+PATTERN_OPS = ("ring", "ring_wrap", "kv", "decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternCase:
+    """One pattern on one buffer: ``rows`` rows of the last axis written per step."""
+
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    rows: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}{list(self.shape)}-{self.dtype}".replace(" ", "")
+
+    @property
+    def row_bytes(self) -> int:
+        return self.shape[-1] * cases.itemsize(self.dtype)
+
+    @property
+    def step_bytes(self) -> int:
+        return self.rows * self.row_bytes
+
+
+# H200 sizes: a 1 GiB ring of 1 KiB rows written 1024 rows at a time; an
+# 8.5-block ring that wraps; a bf16 KV cache of 32 layers x 4096 tokens x
+# (8 heads x 128) (256 MiB); 64 sequences x 4096 tokens x 1024 bf16 (512 MiB).
+GPU_PATTERNS = (
+    PatternCase("ring", (1 << 20, 256), "float32", 1024),
+    PatternCase("ring_wrap", (8 * 1024 + 512, 256), "float32", 1024),
+    PatternCase("kv", (32, 4096, 1024), "bfloat16", 32),
+    PatternCase("decode", (64, 4096, 1024), "bfloat16", 64),
+)
+CPU_PATTERNS = (
+    PatternCase("ring", (256, 16), "float32", 16),
+    PatternCase("ring_wrap", (8 * 16 + 8, 16), "float32", 16),
+    PatternCase("kv", (4, 32, 16), "bfloat16", 4),
+    PatternCase("decode", (8, 32, 16), "float32", 8),
+)
+
+
+_DESCRIPTIONS = {
+    "ring": ("at(x)[jax.ds(pos, n)].set(y, mode='wrap'), pos = t*n mod N, N a multiple of n",
+             "lax.dynamic_update_slice(x, jax.device_put(y, Space.Host), (pos, 0))"),
+    "ring_wrap": ("at(x)[jax.ds(pos, n)].set(y, mode='wrap'), pos = t*n mod N, wraps",
+                  "x.at[(pos + arange(n)) % N].set(y)"),
+    "kv": ("at(kv)[:, pos].set(new), pos = t mod T", "kv.at[:, pos].set(new)"),
+    "decode": ("at(cache)[arange(B), lengths].set(val), lengths = (lengths0 + t) mod T",
+               "cache.at[arange(B), lengths].set(val)"),
+}
+
+
+def describe(case: PatternCase) -> dict:
+    ours, xla = _DESCRIPTIONS[case.op]
+    return {"shape": list(case.shape), "dtype": case.dtype, "rows_per_step": case.rows,
+            "ours": ours, "xla": xla}
+
+
+def step_index(case: PatternCase, t, lengths0):
+    """What locates step ``t``'s write: a position, or per-sequence lengths."""
+    if case.op in ("ring", "ring_wrap"):
+        return (t * case.rows) % case.shape[0]
+    if case.op == "kv":
+        return t % case.shape[1]
+    return (lengths0 + t) % case.shape[1]
+
+
+def written_rows(case: PatternCase, t: int, lengths0: np.ndarray) -> np.ndarray:
+    """Step ``t``'s rows in the buffer seen as ``(-1, shape[-1])``, in the values' order."""
+    where = step_index(case, np.int64(t), lengths0.astype(np.int64))
+    if case.op in ("ring", "ring_wrap"):
+        return (where + np.arange(case.rows)) % case.shape[0]
+    return np.arange(case.shape[0]) * case.shape[1] + where  # kv and decode: one per row
+
+
+def write_fn(case: PatternCase, provider: str, backend: str) -> Callable:
+    """``write(x, where, values) -> x`` of ``xla_<op>`` or ``ours_<op>``."""
+    n, num = case.rows, case.shape[0]
+    if provider.startswith("ours"):
+        return functools.partial(_ours, case.op, n, backend)
+    return {
+        "ring": lambda x, pos, y: lax.dynamic_update_slice(
+            x, jax.device_put(y, jax.memory.Space.Host), (pos, 0)),
+        "ring_wrap": lambda x, pos, y: x.at[(pos + jnp.arange(n)) % num].set(y),
+        "kv": lambda x, pos, new: x.at[:, pos].set(new),
+        "decode": lambda x, lengths, val: x.at[jnp.arange(num), lengths].set(val),
+    }[case.op]
+
+
+def _ours(op: str, n: int, backend: str, x, where, values):
+    if op in ("ring", "ring_wrap"):
+        return pp.at(x)[jax.ds(where, n)].set(values, mode="wrap", backend=backend)
+    if op == "kv":
+        return pp.at(x)[:, where].set(values, backend=backend)
+    return pp.at(x)[jnp.arange(x.shape[0]), where].set(values, backend=backend)
+
+
+def scan_fn(case: PatternCase, provider: str, backend: str, steps: int) -> Callable:
+    """The jitted scan ``(x, base, lengths0) -> outputs``; outputs[0] is the buffer (donated)."""
+    ts = jnp.arange(steps, dtype=jnp.int32)
+    if provider == "baseline":
+        def run(x, base, lengths0):
+            def body(carry, t):
+                return (carry[0], step_index(case, t, lengths0), base + t.astype(base.dtype)), None
+
+            init = (x, step_index(case, jnp.int32(0), lengths0), jnp.zeros_like(base))
+            return lax.scan(body, init, ts)[0]
+    else:
+        write = write_fn(case, provider, backend)
+
+        def run(x, base, lengths0):
+            def body(x, t):
+                return write(x, step_index(case, t, lengths0), base + t.astype(base.dtype)), None
+
+            return (lax.scan(body, x, ts)[0],)
+
+    return jax.jit(run, donate_argnums=0)
+
+
+@dataclasses.dataclass
+class PatternData:
+    case: PatternCase
+    steps: int
+    base: np.ndarray  # (rows, shape[-1]) values of step 0
+    lengths0: np.ndarray  # (B,) int32 start lengths (decode; zeros otherwise)
+    base_dev: jax.Array
+    lengths_dev: jax.Array
+    sample: np.ndarray  # sorted flat rows read back for the check
+
+    def release(self) -> None:
+        self.base_dev.delete()
+        self.lengths_dev.delete()
+
+
+def make_pattern_data(case: PatternCase, steps: int, rng: np.random.Generator, *,
+                      check_written: int, check_others: int) -> PatternData:
+    base = make_values(rng, (case.rows, case.shape[-1]), case.dtype)
+    lengths0 = (rng.integers(0, case.shape[1], size=case.shape[0]).astype(np.int32)
+                if case.op == "decode" else np.zeros(1, np.int32))
+    flat_rows = math.prod(case.shape[:-1])
+    written = np.unique(np.concatenate([written_rows(case, t, lengths0) for t in range(steps)]))
+    picked = written[rng.choice(written.size, min(check_written, written.size), replace=False)]
+    others = rng.integers(0, flat_rows, size=min(check_others, flat_rows))
+    sample = np.unique(np.concatenate([picked, others]).astype(np.int64))
+    on_device = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="device")
+    return PatternData(case, steps, base, lengths0, jax.device_put(base, on_device),
+                       jax.device_put(lengths0, on_device), sample)
+
+
+@functools.cache
+def _flat_gather():
+    return jax.jit(lambda a, rows: a.reshape(-1, a.shape[-1])[rows])
+
+
+def read_flat_rows(x: jax.Array, rows: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` seen as ``(-1, shape[-1])``, read through a device copy of ``x``."""
+    on_device = jax.sharding.SingleDeviceSharding(next(iter(x.devices())), memory_kind="device")
+    whole = jax.device_put(x, on_device)
+    picked = np.asarray(_flat_gather()(whole, jax.device_put(rows.astype(np.int32), on_device)))
+    if whole is not x:
+        whole.delete()
+    return picked
+
+
+def check_pattern(data: PatternData, provider: str, before: np.ndarray,
+                  after: np.ndarray) -> str | None:
+    """The sampled rows after one scan against a numpy replay of every step; None if equal."""
+    expected = before.copy()
+    if provider != "baseline":
+        for t in range(data.steps):
+            rows = written_rows(data.case, t, data.lengths0)
+            slots = np.searchsorted(data.sample, rows)
+            hit = (slots < data.sample.size) & (
+                data.sample[np.minimum(slots, data.sample.size - 1)] == rows)
+            values = data.base + np.asarray(t, data.base.dtype)
+            expected = scatter_oracle(expected, slots[hit], values[hit])
+    if expected.tobytes() == after.tobytes():
+        return None
+    differ = int((expected.view(np.uint8).reshape(expected.shape[0], -1)
+                  != after.view(np.uint8).reshape(after.shape[0], -1)).any(axis=1).sum())
+    return f"{differ} of {after.shape[0]} sampled rows differ from the numpy replay"
+
+
+def pattern_providers(case: PatternCase, backends: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(provider, backend) rows of a pattern case: baseline, XLA, ours, ours per backend."""
+    ours = f"ours_{case.op}"
+    return ([("baseline", "-"), (f"xla_{case.op}", "-"), (ours, "auto")]
+            + [(ours, b) for b in backends])
+
+
+def base_record(case: PatternCase, provider: str, backend: str, steps: int) -> dict:
+    return {
+        "case": case.name, "op": "none" if provider == "baseline" else case.op,
+        "rows": case.rows, "row_bytes": case.row_bytes, "dtype": case.dtype,
+        "shape": list(case.shape), "provider": provider, "backend": backend, "steps": steps,
+        "status": "ok", "us_per_step": None, "us_min": None, "us_max": None, "runs": 0,
+        "op_cost_us": None, "kernels_per_step": None, "op_kernels": None, "hlo_ops": None,
+        "correct": None, "check": None, "compile_s": None, "notes": "",
+    }
+
+
+def run_pattern_case(args, buf: PinnedBuffer, case: PatternCase, over_budget: bool,
+                     progress) -> list[dict]:
+    """Every provider of one pattern case: compiled side by side, then checked and timed."""
+    todo, records = split_runnable(
+        args, pattern_providers(case, args.backends), over_budget,
+        lambda p, b: base_record(case, p, b, args.steps), progress, case.name)
+    if not todo:
+        return records
+    buf.ensure(case.dtype, case.shape)
+    rng = np.random.default_rng([args.seed, PATTERN_OPS.index(case.op), *case.shape])
+    data = make_pattern_data(case, args.steps, rng, check_written=args.check_written,
+                             check_others=args.check_others)
+    inputs = (data.base_dev, data.lengths_dev)
+    lowerings = {key: functools.partial(
+        lambda p, b: scan_fn(case, p, b, args.steps).lower(buf.x, *inputs), *key)
+        for key in todo}
+    try:
+        compiled = compile_all(lowerings)
+        for provider, backend in todo:
+            record = base_record(case, provider, backend, args.steps)
+            record["check"] = f"{data.sample.size} sampled rows match the numpy replay"
+            judge = functools.partial(_judge, data, provider)
+            records.append(run_scan(args, buf, record, compiled[(provider, backend)], inputs,
+                                    lambda x: read_flat_rows(x, data.sample), judge))
+            progress.step(f"{case.name} {provider}[{backend}]")
+    finally:
+        data.release()
+    order = {key: k for k, key in enumerate(pattern_providers(case, args.backends))}
+    records.sort(key=lambda r: order[(r["provider"], r["backend"])])
+    fill_op_costs(records)
+    return records
+
+
+def _judge(data: PatternData, provider: str, before: np.ndarray, outputs) -> str | None:
+    return check_pattern(data, provider, before, read_flat_rows(outputs[0], data.sample))
+

@@ -1,0 +1,303 @@
+"""Sparse training: SGD on an embedding table in pinned host memory, ours against XLA and device.
+
+    python -m benchmarks.sparse_training          # 8 Mi x 64 float32 (2 GiB), ~1 min on an H200
+    python -m benchmarks.sparse_training --quick  # a tiny table, on CPU too (CI)
+
+The client this library is for: an embedding table too big for the GPU lives
+in pinned host memory, and each step touches a few thousand of its rows. Step
+``t`` takes ``--batch`` ids drawn from a Zipf distribution (fixed seed; the
+popular ids are spread over the table by a fixed permutation), gathers their
+rows, computes the gradient of ``0.5 * mean_b ||row_b - target_b||^2`` with
+respect to the gathered rows on the GPU (``jax.grad``), and adds
+``-lr * grad`` back into the rows (repeated ids add up, as in any sparse
+SGD). ``--steps`` steps run in one jitted ``lax.scan`` whose carry is the
+table, donated to the call. Providers, in the same run, from the same initial
+table and the same ids and targets:
+
+* ``ours``: ``gather_from_host`` and ``scatter_add_to_host`` on the pinned table;
+* ``xla``: XLA's own path on the pinned table: ``table[ids]`` with the ids
+  moved to host memory (jax refuses a gather whose operands live in different
+  memory spaces) and the rows moved to the device, then ``table.at[ids].add``;
+* ``device``: the same training with the table in device memory (``jnp.take``
+  and ``.at[ids].add``): what the step costs when the table fits on the GPU.
+
+Correctness: after one scan from the same initial table, the tables of
+``ours`` and ``xla`` are compared with the device table; the largest absolute
+difference is printed and recorded, and above ``--tolerance`` (1e-5; sums of
+repeated ids may round in another order) the run fails. Timing: a warm-up
+scan, then ``--repeats`` device-synchronized scans (``benchmarks.timing``);
+median, min and max per step. The PCIe floor of a step is the bytes that must
+cross PCIe: its distinct rows read once and written once, ``2 * distinct *
+row_bytes``, at ``--pcie-gbps`` (the H200's copies measured 55.0 GB/s
+device->pinned, 49.3 GB/s pinned->device). Writes ``sparse_training.json``
+under ``--out``; exits 1 on an error or a difference over the tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import pallas_pinned as pp
+from benchmarks import environment, report, timing
+
+MIB = 1 << 20
+PROVIDERS = ("device", "ours", "xla")  # the device table first: the reference
+FULL = {"rows": 8 << 20, "dim": 64, "batch": 4096, "steps": 40, "repeats": 5}
+QUICK = {"rows": 1 << 14, "dim": 16, "batch": 256, "steps": 8, "repeats": 2}
+
+
+def zipf_ids(rng: np.random.Generator, rows: int, shape: tuple[int, ...], s: float) -> np.ndarray:
+    """Ids with ``P(rank k) ~ (k + 1) ** -s`` over ``rows`` ids, ranks spread by a permutation."""
+    weights = np.arange(1, rows + 1, dtype=np.float64) ** -s
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    ranks = np.minimum(np.searchsorted(cdf, rng.random(shape)), rows - 1)
+    return rng.permutation(rows).astype(np.int32)[ranks]
+
+
+def _loss(rows, targets):
+    return 0.5 * jnp.mean(jnp.sum((rows - targets) ** 2, axis=-1))
+
+
+def _sgd_scan(read, add, lr: float):
+    """``(table, ids, targets) -> table``: one scan step per row of ``ids``."""
+
+    def train(table, ids, targets):
+        def step(table, xs):
+            i, t = xs
+            grad = jax.grad(_loss)(read(table, i), t)
+            return add(table, i, (-lr * grad).astype(table.dtype)), None
+
+        return lax.scan(step, table, (ids, targets))[0]
+
+    return train
+
+
+def _xla_read(table, i):
+    on_host = jax.device_put(i, jax.memory.Space.Host)
+    return jax.device_put(table[on_host], jax.memory.Space.Device)
+
+
+def step_fns(lr: float) -> dict:
+    """The jitted scan of each provider; the table (argument 0) is donated."""
+    reads_adds = {
+        "ours": (pp.gather_from_host, pp.scatter_add_to_host),
+        "xla": (_xla_read, lambda x, i, u: x.at[i].add(u)),
+        "device": (lambda x, i: jnp.take(x, i, axis=0), lambda x, i, u: x.at[i].add(u)),
+    }
+    return {name: jax.jit(_sgd_scan(read, add, lr), donate_argnums=0)
+            for name, (read, add) in reads_adds.items()}
+
+
+# Looked up by name at run time (a test swaps in a broken one).
+JITTED: dict = {}
+
+
+def distinct_per_step(ids: np.ndarray) -> np.ndarray:
+    return np.array([np.unique(row).size for row in ids])
+
+
+def pcie_floor_us(distinct: np.ndarray, row_bytes: int, gbps: float) -> float:
+    """Mean per step: each distinct row read once and written once at ``gbps``."""
+    return float(np.mean(2 * distinct * row_bytes) / (gbps * 1e9) * 1e6)
+
+
+def max_abs_diff(a: jax.Array, reference: jax.Array) -> float:
+    """Largest ``|a - reference|``, computed on the reference's device memory."""
+    a_dev = jax.device_put(a, reference.sharding)
+    diff = float(jnp.max(jnp.abs(a_dev.astype(jnp.float32) - reference.astype(jnp.float32))))
+    if a_dev is not a:
+        a_dev.delete()
+    return diff
+
+
+def run_provider(name: str, table: jax.Array, ids, targets, args, reference) -> dict:
+    """Compiles, runs once (checked against ``reference`` unless this is it), then times."""
+    record = {"provider": name, "status": "ok", "us_per_step": None, "us_min": None,
+              "us_max": None, "runs": 0, "compile_s": None, "first_run_s": None,
+              "memory_kind": None, "max_abs_diff_vs_device": None, "correct": None}
+    fn = JITTED.get(name) or step_fns(args.lr)[name]
+    try:
+        t0 = time.perf_counter()
+        compiled = fn.lower(table, ids, targets).compile()
+        record["compile_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        table = jax.block_until_ready(compiled(table, ids, targets))
+        record["first_run_s"] = time.perf_counter() - t0
+        record["memory_kind"] = table.sharding.memory_kind
+        kept = None
+        if reference is None:
+            kept = jnp.copy(table)  # the reference the others are checked against
+        else:
+            diff = max_abs_diff(table, reference)
+            record["max_abs_diff_vs_device"] = diff
+            record["correct"] = bool(diff <= args.tolerance) and (
+                record["memory_kind"] == "pinned_host")
+        slow = record["first_run_s"] > args.max_run_s
+        table, measured = timing.measure(
+            lambda x, i, t: compiled(x, i, t), table, ids, targets,
+            repeats=1 if slow else args.repeats, warmup=0 if slow else args.warmup)
+        table.delete()
+    except Exception as err:  # noqa: BLE001 - recorded as an error; the run fails at the end
+        record["status"] = "error"
+        record["error"] = f"{type(err).__name__}: {err}"[:600]
+        return record | {"reference": None}
+    per_step = 1e6 / args.steps
+    record.update(us_per_step=measured.median_s * per_step, us_min=measured.min_s * per_step,
+                  us_max=measured.max_s * per_step, runs=measured.reps)
+    return record | {"reference": kept}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sparse_training",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", "--smoke", action="store_true",
+                   help=f"tiny sizes, on CPU too: {QUICK}")
+    p.add_argument("--cpu", action="store_true", help="force the CPU (implies --quick sizes)")
+    p.add_argument("--rows", type=int, default=None, help=f"table rows ({FULL['rows']})")
+    p.add_argument("--dim", type=int, default=None, help=f"row width ({FULL['dim']})")
+    p.add_argument("--batch", type=int, default=None, help=f"ids per step ({FULL['batch']})")
+    p.add_argument("--steps", type=int, default=None, help=f"steps per scan ({FULL['steps']})")
+    p.add_argument("--repeats", type=int, default=None, help=f"timed scans ({FULL['repeats']})")
+    p.add_argument("--warmup", type=int, default=1, help="untimed scans after the checked one")
+    p.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent of the ids")
+    p.add_argument("--lr", type=float, default=0.5)
+    p.add_argument("--tolerance", type=float, default=1e-5,
+                   help="largest allowed |table - device table| after one scan")
+    p.add_argument("--pcie-gbps", type=float, default=53.0,
+                   help="PCIe rate for the floor (H200 copies: 55.0 D2H, 49.3 H2D GB/s)")
+    p.add_argument("--max-run-s", type=float, default=20.0,
+                   help="a provider whose scan is slower is timed once")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=environment.REPO / "benchmarks" / "results")
+    args = p.parse_args(argv)
+    if args.cpu:
+        jax.config.update("jax_platforms", "cpu")
+    args.gpu = not args.cpu and environment.has_gpu()
+    sizes = QUICK if (args.quick or not args.gpu) else FULL
+    for key, value in sizes.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if min(args.rows, args.dim, args.batch, args.steps, args.repeats) < 1 or args.warmup < 0:
+        p.error("sizes, --steps and --repeats must be >= 1, --warmup >= 0")
+    return args
+
+
+def make_inputs(args):
+    """Initial table (device), ids and targets (device), ids as numpy."""
+    rng = np.random.default_rng([args.seed, args.rows, args.dim, args.batch])
+    ids = zipf_ids(rng, args.rows, (args.steps, args.batch), args.zipf_s)
+    targets = rng.standard_normal((args.steps, args.batch, args.dim)).astype(np.float32)
+    device = jax.devices()[0]
+    on_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+    table = jax.random.normal(jax.random.key(args.seed), (args.rows, args.dim), jnp.float32)
+    return (jax.block_until_ready(table), jax.device_put(ids, on_device),
+            jax.device_put(targets, on_device), ids)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.gpu and not args.quick:
+        print("no GPU found: running the quick sizes on CPU (as with --quick)")
+    started = time.monotonic()
+    table0, ids, targets, ids_np = make_inputs(args)
+    row_bytes = args.dim * 4
+    distinct = distinct_per_step(ids_np)
+    floor_us = pcie_floor_us(distinct, row_bytes, args.pcie_gbps)
+    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    print(f"sparse training: table {args.rows} x {args.dim} float32 "
+          f"({report.format_bytes(args.rows * row_bytes)}) in pinned host memory; {args.steps} "
+          f"steps of {args.batch} Zipf(s={args.zipf_s}) ids in one lax.scan; {args.repeats} "
+          f"timed scans", flush=True)
+    print(f"distinct ids per step: mean {distinct.mean():.0f}, min {distinct.min()}, max "
+          f"{distinct.max()} of {args.batch}; PCIe floor {floor_us:.1f} us/step (distinct rows "
+          f"read + written, {row_bytes} B each, at {args.pcie_gbps:g} GB/s)", flush=True)
+    records, reference = [], None
+    for name in PROVIDERS:
+        table = jnp.copy(table0) if name == "device" else jax.device_put(table0, pinned)
+        result = run_provider(name, table, ids, targets, args, reference)
+        if name == "device":
+            reference = result["reference"]
+        del result["reference"]
+        records.append(result)
+    if reference is not None:
+        reference.delete()
+    summary = summarize(records, floor_us)
+    meta = {"benchmark": "sparse_training", "argv": sys.argv[1:], "rows": args.rows,
+            "dim": args.dim, "batch": args.batch, "steps": args.steps, "repeats": args.repeats,
+            "warmup": args.warmup, "zipf_s": args.zipf_s, "lr": args.lr, "seed": args.seed,
+            "tolerance": args.tolerance, "table_bytes": args.rows * row_bytes,
+            "distinct_ids_per_step": {"mean": float(distinct.mean()), "min": int(distinct.min()),
+                                      "max": int(distinct.max())},
+            "pcie_gbps": args.pcie_gbps, "pcie_floor_us_per_step": floor_us,
+            "loss": "0.5 * mean_b ||row_b - target_b||^2, grad w.r.t. the gathered rows",
+            **environment.environment()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / "sparse_training.json"
+    report.write_json(out, {"meta": meta, "records": records, "summary": summary})
+    print_table(records, floor_us)
+    print("\n".join(summary["lines"]))
+    print(f"wrote {out} in {time.monotonic() - started:.0f} s")
+    return exit_status(records)
+
+
+def summarize(records: list[dict], floor_us: float) -> dict:
+    us = {r["provider"]: r["us_per_step"] for r in records}
+    ratios = {}
+    lines = []
+    if us.get("ours") and us.get("device"):
+        ratios["ours_over_device"] = us["ours"] / us["device"]
+        met = "met" if ratios["ours_over_device"] <= 2 else "NOT met"
+        lines.append(f"ours / device table: {ratios['ours_over_device']:.2f}x "
+                     f"(target within 2x: {met})")
+    if us.get("ours") and us.get("xla"):
+        ratios["ours_over_xla"] = us["ours"] / us["xla"]
+        lines.append(f"ours / xla: {ratios['ours_over_xla']:.3f}x "
+                     f"(xla / ours {us['xla'] / us['ours']:.1f}x)")
+    if us.get("ours"):
+        ratios["ours_over_pcie_floor"] = us["ours"] / floor_us
+        lines.append(f"ours / PCIe floor: {ratios['ours_over_pcie_floor']:.2f}x "
+                     f"({us['ours']:.1f} us vs {floor_us:.1f} us per step)")
+    return {**ratios, "lines": lines}
+
+
+def print_table(records: list[dict], floor_us: float) -> None:
+    print(f"\n{'provider':10} {'us/step':>10} {'min':>10} {'max':>10} {'x floor':>8} "
+          f"{'max|diff|':>10}  status")
+    for r in records:
+        if r["us_per_step"] is None:
+            print(f"{r['provider']:10} {'-':>10} {'-':>10} {'-':>10} {'-':>8} {'-':>10}  "
+                  f"{r['status']}: {r.get('error', '')[:200]}")
+            continue
+        diff = r["max_abs_diff_vs_device"]
+        print(f"{r['provider']:10} {r['us_per_step']:10.1f} {r['us_min']:10.1f} "
+              f"{r['us_max']:10.1f} {r['us_per_step'] / floor_us:8.2f} "
+              f"{'reference' if diff is None else f'{diff:.2e}':>10}  "
+              f"{r['status']} ({r['memory_kind']})")
+
+
+def exit_status(records: list[dict]) -> int:
+    failed = False
+    for r in records:
+        if r["status"] == "error":
+            print(f"ERROR: {r['provider']}: {r['error'][:300]}")
+            failed = True
+        elif r["correct"] is False:
+            print(f"INCORRECT: {r['provider']}: max |table - device table| "
+                  f"{r['max_abs_diff_vs_device']:.3g} (tolerance), memory kind "
+                  f"{r['memory_kind']}")
+            failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""CPU tests of the client benchmarks (gather_add, tune, sparse_training) and the GPU session.
+
+Each runs as CI would run it (a subprocess, ``--cpu`` or ``--quick``, tiny
+sizes); each is also run with a provider broken on purpose, which must be
+caught and fail the run.
+"""
+
+import json
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
+from benchmarks import sparse_training
+from tests.benchmark_helpers import REPO, explain, records, run_cli
+
+# ---------------------------------------------------------------------------
+# gather_add and tune
+
+
+def test_gather_add_checks_every_provider(tmp_path):
+    done = run_cli(["benchmarks.gather_add", "--cpu", "--quick", "--reps", "1",
+                    "--out", str(tmp_path)])
+    assert done.returncode == 0, explain(done)
+    found = records(tmp_path / "gather_add.json")
+    assert {r["provider"] for r in found} == {
+        "gather_ours", "gather_xla", "gather_ceiling", "set_ours", "add_ours", "add_xla"}
+    for r in found:
+        assert r["status"] == "ok" and r["correct"] is True, r
+
+
+_BROKEN_GATHER_ADD = """
+import sys
+import jax
+import pallas_pinned as pp
+from benchmarks import gather_add
+# "add" that only sets: a wrong sum for every row that held a value.
+gather_add.JITTED["add_ours"] = jax.jit(lambda x, i, u: pp.scatter_to_host(x, i, u),
+                                        donate_argnums=0)
+sys.exit(gather_add.main(["--cpu", "--quick", "--reps", "1", "--out", {out!r}]))
+"""
+
+
+def test_gather_add_fails_on_a_wrong_add(tmp_path):
+    done = run_cli([], code=_BROKEN_GATHER_ADD.format(out=str(tmp_path)))
+    assert done.returncode == 1, explain(done)
+    found = records(tmp_path / "gather_add.json")
+    assert all(r["correct"] is False for r in found if r["provider"] == "add_ours")
+    assert "INCORRECT: add_ours" in done.stdout
+
+
+def test_tune_runs_every_study_and_checks_it(tmp_path):
+    done = run_cli(["benchmarks.tune", "--cpu", "--repeats", "1", "--out", str(tmp_path)],
+                   timeout=300)
+    assert done.returncode == 0, explain(done)
+    found = records(tmp_path / "tune_scatter.json")
+    assert {r["study"] for r in found} == {
+        "crossover", "crossover_add", "crossover_gather", "small_dedupe"}
+    for r in found:
+        assert r["status"] == "ok" and r["correct"] is True, r
+    # Both paths of each comparison were measured.
+    assert {r["sorted"] for r in found if r["study"] == "crossover"} == {True, False}
+
+
+# ---------------------------------------------------------------------------
+# sparse_training
+
+
+@pytest.fixture(scope="module")
+def sparse_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sparse")
+    done = run_cli(["benchmarks.sparse_training", "--quick", "--cpu", "--out", str(out)])
+    assert done.returncode == 0, explain(done)
+    return json.loads((out / "sparse_training.json").read_text()), done.stdout
+
+
+def test_sparse_training_checks_ours_and_xla_against_the_device_table(sparse_run):
+    result, stdout = sparse_run
+    found = {r["provider"]: r for r in result["records"]}
+    assert set(found) == {"ours", "xla", "device"}
+    for name, r in found.items():
+        assert r["status"] == "ok", r
+        assert 0 < r["us_min"] <= r["us_per_step"] <= r["us_max"], r
+        assert r["runs"] == sparse_training.QUICK["repeats"]
+        if name == "device":
+            assert r["memory_kind"] == "device" and r["max_abs_diff_vs_device"] is None
+        else:
+            assert r["memory_kind"] == "pinned_host", r
+            assert r["correct"] is True and r["max_abs_diff_vs_device"] <= 1e-5, r
+    for line in ("ours / device table", "ours / xla", "ours / PCIe floor",
+                 "distinct ids per step"):
+        assert line in stdout, stdout
+
+
+def test_sparse_training_floor_and_distinct_ids_come_from_the_data(sparse_run):
+    result, _ = sparse_run
+    meta = result["meta"]
+    rng = np.random.default_rng([meta["seed"], meta["rows"], meta["dim"], meta["batch"]])
+    ids = sparse_training.zipf_ids(rng, meta["rows"], (meta["steps"], meta["batch"]),
+                                   meta["zipf_s"])
+    distinct = sparse_training.distinct_per_step(ids)
+    assert meta["distinct_ids_per_step"]["mean"] == pytest.approx(distinct.mean())
+    # Zipf repeats heavily: far fewer distinct rows than ids per step.
+    assert distinct.max() < 0.8 * meta["batch"]
+    floor = np.mean(2 * distinct * meta["dim"] * 4) / (meta["pcie_gbps"] * 1e9) * 1e6
+    assert meta["pcie_floor_us_per_step"] == pytest.approx(floor)
+    summary = result["summary"]
+    us = {r["provider"]: r["us_per_step"] for r in result["records"]}
+    assert summary["ours_over_device"] == pytest.approx(us["ours"] / us["device"])
+    assert summary["ours_over_xla"] == pytest.approx(us["ours"] / us["xla"])
+
+
+def test_zipf_ids_are_skewed_and_in_range():
+    ids = sparse_training.zipf_ids(np.random.default_rng(0), 1000, (20000,), 1.1)
+    assert ids.min() >= 0 and ids.max() < 1000 and ids.dtype == np.int32
+    counts = np.sort(np.bincount(ids, minlength=1000))[::-1]
+    assert counts[0] > 50 * np.median(counts)  # one id far more popular than the median
+
+
+_BROKEN_SPARSE = """
+import sys
+import jax
+import pallas_pinned as pp
+from benchmarks import sparse_training as st
+# ours forgets the learning rate's sign: the table trains the wrong way.
+st.JITTED["ours"] = jax.jit(st._sgd_scan(pp.gather_from_host, pp.scatter_add_to_host, -0.5),
+                            donate_argnums=0)
+def boom(table, ids, targets):
+    raise ValueError("a provider that raises fails the run")
+st.JITTED["xla"] = jax.jit(boom)
+sys.exit(st.main(["--quick", "--cpu", "--repeats", "1", "--out", {out!r}]))
+"""
+
+
+def test_sparse_training_fails_on_a_wrong_table_or_an_error(tmp_path):
+    done = run_cli([], code=_BROKEN_SPARSE.format(out=str(tmp_path)))
+    assert done.returncode == 1, explain(done)
+    found = {r["provider"]: r for r in records(tmp_path / "sparse_training.json")}
+    assert found["ours"]["correct"] is False and found["ours"]["max_abs_diff_vs_device"] > 1e-3
+    assert found["xla"]["status"] == "error" and "ValueError" in found["xla"]["error"]
+    assert "INCORRECT: ours" in done.stdout and "ERROR: xla" in done.stdout
+
+
+# ---------------------------------------------------------------------------
+# The GPU session script
+
+
+def test_gpu_session_script_parses_and_lists_every_stage():
+    script = REPO / "benchmarks" / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    text = script.read_text()
+    stages = set(re.findall(r"^\s{4}([a-z|]+)\)$", text, re.M))
+    stages = {s for group in stages for s in group.split("|")}
+    header = re.search(r"^# Stages: (.*)$", text, re.M).group(1)
+    assert stages == set(header.split()), (stages, header)
+    assert "sparse" in stages
+    for stage in stages:  # each stage's time is in the header
+        assert re.search(rf"\b{stage} [~<]", text), stage
+    # Every stage runs under a timeout.
+    bodies = re.split(r"^\s{4}[a-z|]+\)$", text, flags=re.M)[1:]
+    assert all("timeout " in body.split(";;")[0] for body in bodies), "a stage without timeout"

@@ -1,0 +1,229 @@
+"""CPU tests of ``python -m benchmarks.loop``: the grid, the write patterns, the backend table.
+
+The loop runs as CI would run it (a subprocess, ``--cpu``): every (case,
+provider, backend) must be recorded, checked against the numpy replay and
+timed; a provider broken on purpose must be caught and fail the run. The write
+patterns (ring insert, KV-cache write, per-sequence decode write) go through
+the index grammar of ``pallas_pinned.at``.
+"""
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+import pallas_pinned
+import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
+from benchmarks import choose_backends, loop, loop_patterns
+from benchmarks.loop_steps import PROVIDER_NAMES
+from pallas_pinned import testing
+from tests.benchmark_helpers import explain, run_cli
+
+LOOP_FIELDS = ("op", "rows", "row_bytes", "dtype", "provider", "backend", "us_per_step",
+               "us_min", "us_max", "op_cost_us", "kernels_per_step", "correct")
+PATTERN_NAMES = {c.name for c in loop_patterns.CPU_PATTERNS}
+GRID_CASE = testing.LoopCase(64, 256)
+
+
+def _index_grammar_missing() -> bool:
+    try:
+        pallas_pinned.at(jnp.zeros((4, 4)))[0, 1]
+    except NotImplementedError:
+        return True
+    return False
+
+
+needs_index_grammar = pytest.mark.skipif(_index_grammar_missing(),
+                                         reason="needs the index grammar")
+
+
+@pytest.fixture(scope="module")
+def loop_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("loop")
+    # One grid case (the default CPU grid's three cost three times the
+    # compilations) and every write pattern.
+    patterns = "none" if _index_grammar_missing() else ",".join(loop_patterns.PATTERN_OPS)
+    args = ["benchmarks.loop", "--cpu", "--out", str(out), "--steps", "8", "--runs", "2",
+            "--rows", str(GRID_CASE.rows), "--row-bytes", str(GRID_CASE.row_bytes),
+            "--patterns", patterns]
+    done = run_cli(args)
+    assert done.returncode == 0, explain(done)
+    return out, done.stdout
+
+
+def _loop(out: Path) -> dict:
+    return json.loads((out / "loop.json").read_text())
+
+
+def _expected_rows(backends: tuple[str, ...]) -> set[tuple[str, str]]:
+    ours = [p for p in PROVIDER_NAMES if p.startswith("ours")]
+    expected = {("baseline", "-"), ("xla_set", "-"), ("xla_add", "-"), ("xla_get", "-")}
+    return expected | {(p, b) for p in ours for b in ("auto", *backends)}
+
+
+def test_loop_records_every_provider(loop_run):
+    out, _ = loop_run
+    records = _loop(out)["records"]
+    rows = {(r["provider"], r["backend"]) for r in records if r["case"] == GRID_CASE.name}
+    assert rows == _expected_rows(())
+
+
+def test_loop_records_are_checked_and_consistent(loop_run):
+    out, _ = loop_run
+    records = _loop(out)["records"]
+    for r in records:
+        missing = [f for f in LOOP_FIELDS if f not in r]
+        assert not missing, (r["case"], r["provider"], missing)
+        assert r["status"] == "ok" and r["correct"] is True, r
+        assert 0 < r["us_min"] <= r["us_per_step"] <= r["us_max"], r
+        assert r["kernels_per_step"] >= 1, r
+        base = next(b for b in records if b["case"] == r["case"] and b["provider"] == "baseline")
+        assert r["op_cost_us"] == pytest.approx(r["us_per_step"] - base["us_per_step"])
+    meta = _loop(out)["meta"]
+    assert meta["jax"] and meta["jaxlib"] and meta["date_utc"] and meta["steps"] == 8
+
+
+def test_loop_prints_the_table_and_a_plot(loop_run):
+    out, stdout = loop_run
+    assert "ours/xla" in stdout and "kernels" in stdout
+    assert (out / "loop.png").exists() or "matplotlib is not installed" in stdout
+
+
+@needs_index_grammar
+def test_every_write_pattern_is_measured_against_xla(loop_run):
+    out, stdout = loop_run
+    records = [r for r in _loop(out)["records"] if r["case"] in PATTERN_NAMES]
+    for case in loop_patterns.CPU_PATTERNS:
+        rows = {(r["provider"], r["backend"]) for r in records if r["case"] == case.name}
+        assert rows == {("baseline", "-"), (f"xla_{case.op}", "-"), (f"ours_{case.op}", "auto")}
+        assert f" {case.op} " in stdout  # a line of the table
+    assert set(_loop(out)["meta"]["patterns"]) == PATTERN_NAMES
+
+
+def test_the_ring_case_wraps_and_the_others_do_not_repeat_rows():
+    import numpy as np
+
+    for case in loop_patterns.CPU_PATTERNS:
+        lengths0 = np.arange(case.shape[0]) % case.shape[1]
+        rows = [loop_patterns.written_rows(case, t, lengths0) for t in range(16)]
+        assert all(np.unique(r).size == case.rows for r in rows), case
+        wraps = any(r[0] > r[-1] for r in rows)
+        assert wraps == (case.op == "ring_wrap"), case  # the contiguous ring never straddles
+
+
+_BROKEN_LOOP = """
+import sys
+import jax.numpy as jnp
+from benchmarks import loop, loop_patterns, loop_steps
+right = loop_steps.write_fn
+def wrong(name, backend):
+    fn = right(name, backend)
+    if name == "ours_set_unique":  # writes every update doubled
+        return lambda x, i, u: fn(x, i, u * 2)
+    return fn
+loop_steps.write_fn = wrong
+right_read = loop_steps.read_fn
+loop_steps.read_fn = lambda name, backend: (  # gathers the neighbouring rows
+    (lambda x, i: right_read(name, backend)(x, (i + 1) % x.shape[0])) if name == "ours_get"
+    else right_read(name, backend))
+right_ours = loop_patterns._ours
+def wrong_ours(op, n, backend, x, where, values):
+    if op == "kv":  # writes one position too far
+        where = (where + 1) % x.shape[1]
+    return right_ours(op, n, backend, x, where, values)
+loop_patterns._ours = wrong_ours
+sys.exit(loop.main(["--cpu", "--out", {out!r}, "--no-plots", "--rows", "16",
+                    "--row-bytes", "8", "--steps", "4", "--runs", "1",
+                    "--backends", "interpret,pallas", "--patterns", {patterns!r}]))
+"""
+
+
+def test_loop_backend_rows_and_wrong_results(tmp_path):
+    patterns = "none" if _index_grammar_missing() else "kv"
+    done = run_cli([], code=_BROKEN_LOOP.format(out=str(tmp_path), patterns=patterns))
+    assert done.returncode == 1, explain(done)
+    records = _loop(tmp_path)["records"]
+    grid = [r for r in records if r["case"] not in PATTERN_NAMES]
+    assert {(r["provider"], r["backend"]) for r in grid} == _expected_rows(
+        ("interpret", "pallas"))
+    for r in records:
+        if r["backend"] == "pallas":  # needs a GPU: skipped, not an error
+            assert r["status"] == "skipped: needs a CUDA GPU", r
+        elif r["provider"] in ("ours_set_unique", "ours_get", "ours_kv"):  # broken on purpose
+            assert r["status"] == "ok" and r["correct"] is False, r
+        else:
+            assert r["status"] == "ok" and r["correct"] is True, r
+    assert "INCORRECT: ours_set_unique[auto]" in done.stdout
+    assert "INCORRECT: ours_get[interpret]" in done.stdout
+    if patterns == "kv":
+        assert "INCORRECT: ours_kv[auto]" in done.stdout
+
+
+def test_loop_gpu_plan_runs_the_targets_first_within_budget():
+    args = loop.parse_args(["--cpu"])
+    args.steps = args.runs = args.buffer_gib = args.time_budget_s = None
+    loop.with_defaults(args, gpu=True)
+    grid, plan, _ = loop.plan_cases(args)
+    assert grid == "full" and plan[: len(testing.LOOP_TARGETS)] == list(testing.LOOP_TARGETS)
+    assert args.steps == 200 and args.buffer_bytes == 1 << 30 and args.time_budget_s == 240
+    assert [c.op for c in loop.planned_patterns(args)] == list(loop_patterns.PATTERN_OPS)
+    cumulative = loop.estimate_seconds(args, plan)
+    assert cumulative[len(testing.LOOP_TARGETS) - 1] < 0.5 * args.time_budget_s
+
+
+# ---------------------------------------------------------------------------
+# choose_backends: the table backend="auto" reads
+
+
+def _row(provider, backend, rows, us, dtype="float32"):
+    return {"provider": provider, "backend": backend, "rows": rows, "row_bytes": 512,
+            "dtype": dtype, "us_per_step": us, "correct": True}
+
+
+def test_choose_backends_covers_set_add_and_gather():
+    records = [
+        _row("ours_set", "pallas", 16, 10.0), _row("ours_set", "triton", 16, 20.0),
+        _row("ours_add", "pallas", 4096, 50.0), _row("ours_add", "triton", 4096, 49.0),
+        _row("ours_get", "pallas", 16, 30.0), _row("ours_get", "triton", 16, 20.0),
+        _row("ours_get", "pallas", 4096, 90.0),  # no triton twin: not compared
+        _row("ours_get", "auto", 16, 1.0), _row("xla_get", "-", 16, 1.0),  # not candidates
+    ]
+    choices = choose_backends.choose(records, small_max=64)
+    assert choices["set"]["float32"]["small"]["backend"] == "pallas"
+    # 2 % faster is within the noise: Pallas stays.
+    assert choices["add"]["float32"]["large"]["backend"] == "pallas"
+    assert choices["gather"]["float32"]["small"] == {
+        "backend": "triton", "pallas_us": 30.0, "triton_us": 20.0, "cases": 1}
+    assert "large" not in choices["gather"]["float32"]
+    wrong = [dict(r, correct=False) if r["provider"] == "ours_get" else r for r in records]
+    assert "gather" not in choose_backends.choose(wrong, small_max=64)
+
+
+def test_choose_backends_names_an_unmeasured_op(tmp_path, capsys):
+    source = tmp_path / "loop.json"
+    meta = {"thresholds": {"fused_max_updates": 64}, "date_utc": "d", "gpu_name": "g"}
+    records = [_row("ours_set", "pallas", 16, 10.0), _row("ours_set", "triton", 16, 20.0)]
+    source.write_text(json.dumps({"meta": meta, "records": records}))
+    out = tmp_path / "table.json"
+    assert choose_backends.main([str(source), "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    assert table["unmeasured"] == ["add", "gather"] and set(table["choices"]) == {"set"}
+    assert "no gather rows" in capsys.readouterr().out
+
+
+def test_the_loop_run_feeds_choose_backends_gather_rows(loop_run):
+    # On CPU only backend "auto" runs, so nothing is chosen; the rows the
+    # table reads for gather exist under the names it looks for.
+    out, _ = loop_run
+    providers = {r["provider"] for r in _loop(out)["records"]}
+    assert set(choose_backends.PROVIDERS) <= providers
+
+
+def test_the_default_cpu_plan_is_the_cpu_grid_and_every_pattern():
+    args = loop.parse_args(["--cpu"])
+    grid, plan, _ = loop.plan_cases(args)
+    assert grid == "cpu" and plan == list(testing.LOOP_CPU_CASES)
+    assert loop.planned_patterns(args) == list(loop_patterns.CPU_PATTERNS)
+    custom = loop.parse_args(["--cpu", "--rows", "16"])
+    assert loop.planned_patterns(custom) == []  # a custom grid runs no pattern unless asked
