@@ -28,38 +28,16 @@ from .triton_common import (
     LOAD_CACHE_MODIFIERS,
     TritonLaunch,
     TritonTiling,
-    check_can_launch,
-    check_element_dtype,
     check_entries,
-    check_tiling,
-    grid,
     launch,
+    plan_rows,
     tile_entries,
     tile_mask,
-    tiling_for_tile_bytes,
     tl,
     triton,
 )
 
-__all__ = [
-    "choose_gather_triton_tiling",
-    "gather_rows_triton",
-    "gather_rows_triton_kernel",
-    "plan_gather_rows",
-]
-
-
-def choose_gather_triton_tiling(n: int, d: int, itemsize: int) -> TritonTiling:
-    """Tile sizes for reading ``n`` rows of ``d`` elements.
-
-    About 16 KiB of loads per program keeps enough PCIe reads in flight to
-    cover their round-trip latency; a column block covers a row up to 4 KiB.
-    Results never depend on the tiling; only speed does. Sizes: those of the
-    Pallas kernels, a choice: the H200 tiling sweep found tile shape and warp
-    count changing nothing beyond noise there. This gather's own speed against
-    Pallas's has not been measured yet.
-    """
-    return tiling_for_tile_bytes(n, d, itemsize, tile_bytes=16 * 1024, max_col_block_bytes=4096)
+__all__ = ["gather_rows_triton", "gather_rows_triton_kernel", "plan_gather_rows"]
 
 
 @triton.jit
@@ -68,30 +46,31 @@ def gather_rows_triton_kernel(
     dest_ptr,
     x_ptr,
     out_ptr,
-    NUM_GATHERS: tl.constexpr,
+    NUM_ENTRIES: tl.constexpr,
     NUM_ROWS: tl.constexpr,
     ROW_WIDTH: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
-    HAS_DEST: tl.constexpr,
+    HAS_PARTNER: tl.constexpr,
     AS_BYTES: tl.constexpr,
     CACHE_MODIFIER: tl.constexpr,
     EVICTION_POLICY: tl.constexpr,
 ):
     """Reads one ``BLOCK_ROWS x BLOCK_COLS`` tile: ``out[dest[k]] = x[rows[k]]``.
 
-    Rows outside the buffer read nothing and write zeros. ``AS_BYTES`` (bool
+    Rows outside the buffer read nothing and write zeros. ``dest`` is the
+    partner of ``triton_common.tile_entries`` (``HAS_PARTNER``). ``AS_BYTES`` (bool
     buffers, which jax-triton types ``*i1``) copies raw bytes, as the
     scatter kernel does.
     """
     entry_ok, rows, dest, row_ok, cols = tile_entries(
-        rows_ptr, dest_ptr, NUM_GATHERS, NUM_ROWS, ROW_WIDTH, BLOCK_ROWS, BLOCK_COLS,
-        HAS_DEST, True,
+        rows_ptr, dest_ptr, NUM_ENTRIES, NUM_ROWS, ROW_WIDTH, BLOCK_ROWS, BLOCK_COLS,
+        HAS_PARTNER, True,
     )
-    if HAS_DEST:
+    if HAS_PARTNER:
         # dest is the caller's permutation of range(n); a bad one must still
         # never write outside the output.
-        entry_ok = entry_ok & (dest >= 0) & (dest < NUM_GATHERS)
+        entry_ok = entry_ok & (dest >= 0) & (dest < NUM_ENTRIES)
     src_offsets = rows[:, None] * ROW_WIDTH + cols[None, :]
     dst_offsets = dest[:, None] * ROW_WIDTH + cols[None, :]
     if AS_BYTES:
@@ -122,35 +101,11 @@ def plan_gather_rows(
     ``triton_common.compile_for_target(plan_gather_rows(...))`` compiles
     exactly the kernel that call launches, without a GPU.
     """
-    num_rows, row_width = x_shape
     dtype = jnp.dtype(dtype)
-    check_element_dtype(dtype, "x")
-    if tiling is None:
-        tiling = choose_gather_triton_tiling(num_gathers, row_width, dtype.itemsize)
-    check_tiling(tiling, num_gathers, row_width, cache_modifiers=LOAD_CACHE_MODIFIERS)
-    rows_dtype = jnp.dtype(rows_dtype)
-    # triton_call takes only arrays; without dest, rows fills its slot unread.
-    dest_dtype = jnp.dtype(jnp.int32) if has_dest else rows_dtype
-    return TritonLaunch(
-        kernel=gather_rows_triton_kernel,
-        name="pallas_pinned_gather_rows_triton",
-        operand_dtypes=(rows_dtype, dest_dtype, dtype),
-        out_shape=(num_gathers, row_width),
-        out_dtype=dtype,
-        aliased_operand=None,
-        tiling=tiling,
-        grid=grid(num_gathers, row_width, tiling),
-        constexprs=dict(
-            NUM_GATHERS=num_gathers,
-            NUM_ROWS=num_rows,
-            ROW_WIDTH=row_width,
-            BLOCK_ROWS=tiling.block_rows,
-            BLOCK_COLS=tiling.block_cols,
-            HAS_DEST=has_dest,
-            AS_BYTES=dtype == jnp.bool_,
-            CACHE_MODIFIER=tiling.cache_modifier,
-            EVICTION_POLICY=tiling.eviction_policy,
-        ),
+    return plan_rows(
+        gather_rows_triton_kernel, "gather_rows", x_shape, dtype, num_gathers,
+        rows_dtype=rows_dtype, has_partner=has_dest, data_dtypes=(dtype,), in_place=False,
+        cache_modifiers=LOAD_CACHE_MODIFIERS, tiling=tiling, AS_BYTES=dtype == jnp.bool_,
     )
 
 
@@ -181,7 +136,4 @@ def gather_rows_triton(
         x.shape, x.dtype, rows.shape[0], rows_dtype=rows.dtype, has_dest=dest is not None,
         tiling=tiling,
     )
-    if x.shape[0] == 0:  # Every row is out of range (launch() would say if it could not run).
-        check_can_launch()
-        return jnp.zeros(plan.out_shape, plan.out_dtype)
-    return launch(plan, rows, rows if dest is None else dest, x)
+    return launch(plan, rows, dest, x)

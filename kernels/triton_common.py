@@ -2,18 +2,21 @@
 
 The Triton backend sits beside the Pallas one with the same contracts:
 :mod:`scatter_triton`, :mod:`gather_triton` and :mod:`scatter_add_triton`
-each hold one ``@triton.jit`` kernel, its tiling choice and its public
-function. Upstream deprecated Pallas's Triton backend and Mosaic GPU has no
-host memory space; a plain Triton kernel called with ``triton_call`` keeps
-the ops alive and gives direct control of the host accesses (vector width,
-cache modifier, eviction policy). This module holds the rest, written once:
+each hold an op's plan and public function, and the first two a
+``@triton.jit`` kernel (the add is the scatter kernel with ``ADD``).
+Upstream deprecated Pallas's Triton backend and Mosaic GPU has no host memory
+space; a plain Triton kernel called with ``triton_call`` keeps the ops alive
+and gives direct control of the host accesses (vector width, cache modifier,
+eviction policy). This module holds the rest, written once:
 
 * the import guard: without triton, importing a Triton kernel module raises
   an ImportError naming the extra; without jax-triton they import (kernels
   compile ahead of time) and launching raises it; where jax-triton cannot
   launch, launching raises NotImplementedError (:func:`check_can_launch`);
-* :class:`TritonTiling`, its checks and the grid; :func:`tile_entries`;
-* :class:`TritonLaunch`, everything static about one launch, which
+* :class:`TritonTiling`, its checks, :func:`choose_tiling` and the grid;
+  :func:`tile_entries`, :func:`tile_mask`;
+* :func:`plan_rows`, which turns an op's shapes and dtypes into a
+  :class:`TritonLaunch`, everything static about one launch, which
   :func:`launch` hands to ``triton_call`` and :func:`compile_for_target`
   compiles ahead of time (so the PTX the tests read is the launched kernel's).
 
@@ -25,13 +28,34 @@ CUDA's ``x`` axis (up to 2**31 - 1 programs, so any batch fits), the column
 axis CUDA's ``y`` axis, limited to 65535 programs, which the tiling
 heuristics respect by widening the column block for absurdly wide rows.
 
-Install with ``pip install "pallas-pinned[triton]"``: jax-triton 0.3.1 with
-triton 3.6 (jax-triton 0.4 needs triton >= 3.7 and aliases through Refs).
+Two jax-triton conventions, one kernel for both: a kernel's pointers are its
+operands' and then one for the result, which for an in-place op is the
+buffer ``x`` itself. jax-triton 0.3 passes ``x`` twice (as the aliased
+operand, which the kernel ignores, and as the output: the same memory); 0.4
+passes it once, as a ``jax.new_ref`` in the result's slot, and the operand
+slot gets a placeholder (:func:`launch`). In both the result comes back
+declared in device memory; callers ``device_put`` it to the host space.
+
+Install with ``pip install "pallas-pinned[triton]"``. Combinations and where
+they were tested:
+
+* jax-triton 0.3.1 with triton 3.6.0 and jax 0.11.2: launched on an H200
+  (the GPU tests); on a jaxlib without CUDA it refuses to import, so there
+  the kernels only compile ahead of time.
+* jax-triton 0.4.1 with triton 3.9.0 (0.4 needs triton >= 3.7) and jax
+  0.12.0.1 on CPU: installs and imports; the kernels compile for sm_90 in
+  the 0.4 signature, and the 0.4 launch traces and lowers to StableHLO for
+  CUDA, jax-triton compiling the very PTX :func:`compile_for_target` gives
+  (CI, with a stand-in for jaxlib's CUDA Triton plugin). Not launched
+  on a GPU yet; with jax 0.12, jax-triton 0.4.1's dead-code rule does not
+  fit jax's (see :data:`JAX_TRITON_UNUSABLE`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -40,9 +64,8 @@ import jax
 import jax.numpy as jnp
 
 INSTALL_HINT = 'pip install "pallas-pinned[triton]"'
-# The jax-triton release whose triton_call convention launch() speaks: input
-# and output pointers both passed to the kernel, aliasing by operand index.
-_JAX_TRITON_SERIES = (0, 3)
+# The jax-triton release series whose triton_call conventions launch() speaks.
+JAX_TRITON_SERIES = ((0, 3), (0, 4))
 
 
 def _not_installed(err: ImportError) -> ImportError:
@@ -59,10 +82,38 @@ try:
 except ImportError as err:
     raise _not_installed(err) from err
 
+
+def _series(module) -> tuple[int, int]:
+    return tuple(module.__version_info__[:2])
+
+
+def _why_04_cannot_launch(module) -> str | None:
+    """Why an importable jax-triton 0.4 still cannot launch here; None if it can."""
+    lib = getattr(getattr(module, "triton_lib", None), "triton_kernel_call_lib", None)
+    if not hasattr(lib, "TritonKernelCall"):
+        # 0.4 imports on any jaxlib; only jaxlib's CUDA plugin has the launcher.
+        return "jax-triton requires JAX to be installed with GPU support (jaxlib's CUDA plugin)"
+    try:  # 0.4.1's dead-code rule takes (used_outs, eqn); jax 0.12 passes three arguments.
+        from jax._src.interpreters import partial_eval as pe
+
+        theirs = pe.dce_rules[module.triton_lib.triton_kernel_call_p]
+        wanted = len(inspect.signature(pe._default_dce_rule).parameters)
+        if len(inspect.signature(theirs).parameters) != wanted:
+            return (
+                f"jax-triton {module.__version__}'s dead-code rule does not fit jax "
+                f"{jax.__version__}'s (every jit of a triton_call would fail to lower)"
+            )
+    except (AttributeError, KeyError, TypeError, ValueError, ImportError):
+        pass  # Internals moved: nothing known to be wrong.
+    return None
+
+
 # Why kernels cannot be launched here; None when they can. Only launching
 # needs jax-triton: compile_for_target needs triton alone (PTX tests on CPU).
 JAX_TRITON_UNUSABLE: str | None = None
 _JAX_TRITON_MISSING: ImportError | None = None
+# The installed jax-triton's series, launchable or not (compile_for_target's default).
+INSTALLED_SERIES: tuple[int, int] | None = None
 try:
     import jax_triton
 except ImportError as err:
@@ -77,20 +128,26 @@ except ImportError as err:
         # jaxlib without GPU support).
         JAX_TRITON_UNUSABLE = " ".join(str(err).split())
 else:
-    if tuple(jax_triton.__version_info__[:2]) != _JAX_TRITON_SERIES:
-        # 0.4 changed how aliased buffers reach the kernel; launching through
-        # it would fail inside the lowering with an unrelated-looking error.
+    INSTALLED_SERIES = _series(jax_triton)
+    if INSTALLED_SERIES not in JAX_TRITON_SERIES:
+        # Another convention for aliased buffers; launching through it would
+        # fail inside the lowering with an unrelated-looking error.
         JAX_TRITON_UNUSABLE = (
             f"jax-triton {jax_triton.__version__} is installed, but this backend is written "
-            f"for jax-triton {'.'.join(map(str, _JAX_TRITON_SERIES))}.x: {INSTALL_HINT}"
+            f"for jax-triton 0.3.x or 0.4.x: {INSTALL_HINT}"
         )
+        INSTALLED_SERIES = None
+    elif INSTALLED_SERIES == (0, 4):
+        JAX_TRITON_UNUSABLE = _why_04_cannot_launch(jax_triton)
+    if JAX_TRITON_UNUSABLE is not None:
         jax_triton = None
 
 __all__ = [  # The kernel modules' shared parts; the ops import those modules, not this one.
-    "EVICTION_POLICIES", "INSTALL_HINT", "JAX_TRITON_UNUSABLE", "LOAD_CACHE_MODIFIERS",
-    "STORE_CACHE_MODIFIERS", "TRITON_TYPES", "TritonLaunch", "TritonTiling", "check_can_launch",
-    "check_element_dtype", "check_entries", "check_installed", "check_tiling", "check_updates",
-    "compile_for_target", "element_type", "grid", "launch", "tile_entries", "tile_mask",
+    "EVICTION_POLICIES", "INSTALLED_SERIES", "INSTALL_HINT", "JAX_TRITON_SERIES",
+    "JAX_TRITON_UNUSABLE", "LOAD_CACHE_MODIFIERS", "STORE_CACHE_MODIFIERS", "TRITON_TYPES",
+    "TritonLaunch", "TritonTiling", "check_can_launch", "check_element_dtype", "check_entries",
+    "check_installed", "check_tiling", "check_updates", "choose_tiling", "compile_for_target",
+    "element_type", "grid", "launch", "plan_rows", "tile_entries", "tile_mask",
     "tiling_for_tile_bytes",
 ]
 
@@ -207,6 +264,23 @@ def tiling_for_tile_bytes(
     return TritonTiling(block_rows, block_cols, num_warps)
 
 
+def choose_tiling(n: int, d: int, itemsize: int) -> TritonTiling:
+    """Tile sizes for ``n`` entries of ``d`` elements, for every op.
+
+    ``itemsize`` is the widest type the registers hold (for the add, the
+    accumulator's when wider). About 16 KiB of host accesses per program
+    keeps enough PCIe traffic in flight to cover its round-trip latency; a
+    column block covers a row up to 4 KiB. Results never depend on the
+    tiling; only speed does. Sizes: those of the Pallas kernels, a choice:
+    the H200 tiling sweep found tile shape and warp count changing nothing
+    beyond noise there, and the loop benchmark measured the scatter and the
+    add within 5 % of Pallas for 64 Ki-row batches
+    (benchmarks/results/loop_h200.json); the gather's speed against Pallas's
+    has not been measured yet.
+    """
+    return tiling_for_tile_bytes(n, d, itemsize, tile_bytes=16 * 1024, max_col_block_bytes=4096)
+
+
 def grid(n: int, d: int, tiling: TritonTiling) -> tuple[int, int]:
     return _cdiv(n, tiling.block_rows), _cdiv(d, tiling.block_cols)
 
@@ -302,10 +376,11 @@ def tile_mask(lane_ok, cols, ROW_WIDTH: tl.constexpr, BLOCK_COLS: tl.constexpr):
 class TritonLaunch:
     """Everything static about one kernel launch.
 
-    ``operand_dtypes`` are the array operands' dtypes in the kernel's order
-    (jax-triton 0.3.1 passes them, then a pointer to the output); the
-    output is aliased to operand ``aliased_operand`` (an in-place op) or
-    fresh (``None``). ``constexprs`` are the kernel's compile-time settings.
+    ``operand_dtypes`` are the array operands' dtypes in the kernel's order;
+    the kernel's last pointer is the result: a fresh ``out_shape`` array, or,
+    for an in-place op, the buffer operand ``aliased_operand`` (see
+    :func:`launch` for how each jax-triton passes it). ``constexprs`` are the
+    kernel's compile-time settings.
     """
 
     kernel: Any
@@ -317,6 +392,66 @@ class TritonLaunch:
     tiling: TritonTiling
     grid: tuple[int, int]
     constexprs: Mapping[str, Any]
+
+
+def plan_rows(
+    kernel,
+    op: str,
+    x_shape: tuple[int, int],
+    dtype,
+    num_entries: int,
+    *,
+    rows_dtype,
+    has_partner: bool,
+    data_dtypes: tuple,
+    in_place: bool,
+    cache_modifiers: tuple[str, ...],
+    tiling: TritonTiling | None,
+    itemsize: int | None = None,
+    **constexprs,
+) -> TritonLaunch:
+    """The launch of one row kernel, from shapes and dtypes alone.
+
+    The kernel's operands are ``rows``, the partner (``src``/``dest``,
+    int32, or ``rows`` again unread without one) and ``data_dtypes`` (the
+    last is ``x``'s, aliased when ``in_place``); a fresh result is
+    ``(num_entries, d)`` of ``dtype``. Every kernel takes ``NUM_ENTRIES``,
+    ``NUM_ROWS``, ``ROW_WIDTH``, ``BLOCK_ROWS``, ``BLOCK_COLS``,
+    ``HAS_PARTNER``, ``CACHE_MODIFIER`` and ``EVICTION_POLICY``, plus its own
+    ``constexprs``. ``itemsize`` (default ``dtype``'s) sizes the default tiling.
+    """
+    num_rows, row_width = x_shape
+    dtype = jnp.dtype(dtype)
+    check_element_dtype(dtype, "x")
+    if tiling is None:
+        tiling = choose_tiling(num_entries, row_width, itemsize or dtype.itemsize)
+    check_tiling(tiling, num_entries, row_width, cache_modifiers=cache_modifiers)
+    rows_dtype = jnp.dtype(rows_dtype)
+    # triton_call takes only arrays; without a partner, rows fills its slot unread.
+    partner_dtype = jnp.dtype(jnp.int32) if has_partner else rows_dtype
+    operand_dtypes = (rows_dtype, partner_dtype, *(jnp.dtype(t) for t in data_dtypes))
+    return TritonLaunch(
+        kernel=kernel,
+        name=f"pallas_pinned_{op}_triton",
+        operand_dtypes=operand_dtypes,
+        out_shape=(num_rows if in_place else num_entries, row_width),
+        out_dtype=dtype,
+        aliased_operand=len(operand_dtypes) - 1 if in_place else None,
+        tiling=tiling,
+        # No buffer rows: every entry is out of range, nothing to launch.
+        grid=grid(num_entries if num_rows else 0, row_width, tiling),
+        constexprs=dict(
+            NUM_ENTRIES=num_entries,
+            NUM_ROWS=num_rows,
+            ROW_WIDTH=row_width,
+            BLOCK_ROWS=tiling.block_rows,
+            BLOCK_COLS=tiling.block_cols,
+            HAS_PARTNER=has_partner,
+            CACHE_MODIFIER=tiling.cache_modifier,
+            EVICTION_POLICY=tiling.eviction_policy,
+            **constexprs,
+        ),
+    )
 
 
 def check_installed() -> None:
@@ -331,75 +466,114 @@ def check_installed() -> None:
 def check_can_launch() -> None:
     """ImportError without jax-triton; NotImplementedError where it cannot launch.
 
-    (A jaxlib without CUDA, or a jax-triton release other than 0.3.)
+    (A jaxlib without CUDA, a jax-triton release other than 0.3 or 0.4, or a
+    jax that jax-triton does not fit.)
     """
     check_installed()
     if jax_triton is None:
         raise NotImplementedError(
             f"jax-triton cannot launch kernels in this installation (it needs a jaxlib with "
-            f"CUDA support and jax-triton 0.3): {JAX_TRITON_UNUSABLE}"
+            f"CUDA support and jax-triton 0.3 or 0.4): {JAX_TRITON_UNUSABLE}"
         )
 
 
-def launch(plan: TritonLaunch, *operands: jax.Array) -> jax.Array:
+def _pointer_dtypes(plan: TritonLaunch, series: tuple[int, int]) -> tuple[jnp.dtype, ...]:
+    """The kernel's pointer types as jax-triton ``series`` passes them (see :func:`launch`)."""
+    dtypes = list(plan.operand_dtypes)
+    if series >= (0, 4) and plan.aliased_operand is not None:
+        dtypes[plan.aliased_operand] = dtypes[0]  # The placeholder: the first operand again.
+    return (*dtypes, plan.out_dtype)
+
+
+def launch(plan: TritonLaunch, *operands: jax.Array | None) -> jax.Array:
     """Calls ``plan``'s kernel on ``operands`` through ``jax_triton.triton_call``.
 
-    Meant to be traced inside a CUDA ``jit``. Every operand keeps its own
-    memory space, and the kernel gets its raw pointer: an aliased operand in
-    ``pinned_host`` memory is written over PCIe in place (donate it, or XLA
-    copies it first). Like ``pallas_call``, the result is declared in device
-    memory; for an aliased host buffer the caller ``device_put``s it to
-    ``jax.memory.Space.Host``. An empty grid launches nothing (CUDA refuses
-    it): the aliased buffer comes back as it was, a fresh output as zeros.
+    Meant to be traced inside a CUDA ``jit``. A ``None`` operand (no
+    partner) is filled with the first operand, which the kernel then does not
+    read. Every operand keeps its own memory space, and the kernel gets its
+    raw pointer: an aliased operand in ``pinned_host`` memory is written over
+    PCIe in place (donate it, or XLA copies it first). jax-triton 0.3 gets
+    the aliased buffer as an operand and, through ``input_output_aliases``,
+    as the output; 0.4 gets it once, as a ``jax.new_ref`` in the output's
+    slot, with the first operand as a placeholder in its operand slot, and
+    the result is the Ref's value after the call. Either way (as with
+    ``pallas_call``) the result is declared in device memory; for an
+    aliased host buffer the caller ``device_put``s it to
+    ``jax.memory.Space.Host``, which XLA then keeps in place. An empty grid
+    or buffer launches nothing (CUDA refuses empty grids): the aliased
+    buffer comes back as it was, a fresh output as zeros.
     """
     check_can_launch()
+    operands = tuple(operands[0] if a is None else a for a in operands)
     dtypes = tuple(jnp.dtype(a.dtype) for a in operands)
     if dtypes != plan.operand_dtypes:
         # The plan is what compile_for_target compiles; launching other types
         # would run a kernel the PTX tests never saw.
         raise TypeError(f"{plan.name}: operands {dtypes} are not {plan.operand_dtypes}")
+    aliased = plan.aliased_operand
     if 0 in plan.grid:
-        if plan.aliased_operand is not None:
-            return operands[plan.aliased_operand]
+        if aliased is not None:
+            return operands[aliased]
         return jnp.zeros(plan.out_shape, plan.out_dtype)
-    aliases = None if plan.aliased_operand is None else {plan.aliased_operand: 0}
-    return jax_triton.triton_call(
-        *operands,
+    settings = dict(
         kernel=plan.kernel,
-        out_shape=jax.ShapeDtypeStruct(plan.out_shape, plan.out_dtype),
         grid=plan.grid,
         name=plan.name,
         num_warps=plan.tiling.num_warps,
         num_stages=1,  # No loop to pipeline.
-        input_output_aliases=aliases,
         **plan.constexprs,
     )
+    out = jax.ShapeDtypeStruct(plan.out_shape, plan.out_dtype)
+    if INSTALLED_SERIES == (0, 3):
+        aliases = None if aliased is None else {aliased: 0}
+        return jax_triton.triton_call(
+            *operands, out_shape=out, input_output_aliases=aliases, **settings
+        )
+    if aliased is None:
+        return jax_triton.triton_call(*operands, out_type=out, **settings)
+    buffer = jax.new_ref(operands[aliased])
+    placed = operands[:aliased] + (operands[0],) + operands[aliased + 1 :]
+    jax_triton.triton_call(*placed, buffer, out_type=(), **settings)
+    return buffer[...]
 
 
-def compile_for_target(plan: TritonLaunch, *, capability: int = 90):
+def compile_for_target(
+    plan: TritonLaunch, *, capability: int = 90, series: tuple[int, int] | None = None
+):
     """Compiles ``plan``'s kernel ahead of time for an NVIDIA target; no GPU needed.
 
     Same signature, 16-byte pointer alignment and compile-time settings as
-    :func:`launch` hands jax-triton 0.3.1, so what compiles here compiles
-    there. Returns Triton's compiled kernel (``asm["ttir"]``, ``["ptx"]``,
-    ``["cubin"]``), for tests and for reading the accesses it emits.
+    :func:`launch` hands jax-triton ``series`` (default: the installed one's,
+    else 0.3), so what compiles here compiles there. Returns Triton's
+    compiled kernel (``asm["ttir"]``, ``["ptx"]``, ``["cubin"]``), for tests
+    and for reading the accesses it emits; compiled once per distinct plan.
     """
-    pointer_dtypes = plan.operand_dtypes + (plan.out_dtype,)
+    series = series or INSTALLED_SERIES or JAX_TRITON_SERIES[0]
+    if series not in JAX_TRITON_SERIES:
+        raise ValueError(f"series must be one of {JAX_TRITON_SERIES}, got {series}")
+    pointer_dtypes = _pointer_dtypes(plan, series)
     names = plan.kernel.arg_names
-    pointers, settings = names[: len(pointer_dtypes)], names[len(pointer_dtypes) :]
+    settings = names[len(pointer_dtypes) :]
     if set(settings) != set(plan.constexprs):
         raise ValueError(
             f"{plan.name}: the kernel's parameters {names} do not match {len(pointer_dtypes)} "
             f"pointers and the settings {sorted(plan.constexprs)}"
         )
-    signature = {
-        name: "*" + TRITON_TYPES[t] for name, t in zip(pointers, pointer_dtypes, strict=True)
-    }
-    signature.update({name: "constexpr" for name in settings})
+    return _compile(
+        plan.kernel, pointer_dtypes, tuple(sorted(plan.constexprs.items())),
+        plan.tiling.num_warps, capability,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _compile(kernel, pointer_dtypes, constexprs, num_warps: int, capability: int):
+    pointers = zip(kernel.arg_names, pointer_dtypes, strict=False)  # Then the settings.
+    signature = {name: "*" + TRITON_TYPES[t] for name, t in pointers}
+    signature.update({name: "constexpr" for name, _ in constexprs})
     # jax-triton promises Triton every array is 16-byte aligned.
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(pointer_dtypes))}
     source = triton.compiler.ASTSource(
-        fn=plan.kernel, signature=signature, constexprs=dict(plan.constexprs), attrs=attrs
+        fn=kernel, signature=signature, constexprs=dict(constexprs), attrs=attrs
     )
     # jax-triton blanks TRITON_CACHE_DIR on import, which stops triton.compile;
     # a throw-away cache keeps the user's cache out of it as well.
@@ -408,5 +582,7 @@ def compile_for_target(plan: TritonLaunch, *, capability: int = 90):
         return triton.compile(
             source,
             target=GPUTarget("cuda", capability, 32),
-            options={"num_warps": plan.tiling.num_warps, "num_stages": 1},
+            # jax-triton 0.3.1 asks for FP fusion; 0.4 takes triton's default,
+            # fusion on up to triton 3.9 (the kernels have no multiply-add anyway).
+            options={"num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": True},
         )

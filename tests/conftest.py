@@ -2,11 +2,14 @@
 
 Two CPU devices exist so that "inputs on different devices" is testable on a
 laptop; GPU tests (``@pytest.mark.gpu``) are skipped unless a CUDA GPU is seen.
+In CI (``CI=true``) a test skipped because a dependency of the ``[test]``
+extra is missing (triton, jax-triton) fails the run: those tests need no GPU.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import zlib
 
 import jax
@@ -17,7 +20,7 @@ import pytest
 # before jax initializes its backends, i.e. before anything asks for devices.
 jax.config.update("jax_num_cpu_devices", 2)
 
-from tests.helpers import has_gpu  # noqa: E402  (its import may initialize backends)
+from tests.helpers import EXTRA_SKIP_REASONS, has_gpu  # noqa: E402  (may initialize backends)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -47,6 +50,22 @@ def _skip_reason(report) -> str:
     return reason.split(" (", 1)[0].split(";", 1)[0].strip()
 
 
+def _missing_extra(holder) -> collections.Counter:
+    """Skips whose reason names a dependency the [test] extra installs, by reason.
+
+    ``holder`` is the session or the terminal reporter (anything with ``config``).
+    """
+    reporter = holder.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    reasons = (_skip_reason(report) for report in skipped)
+    return collections.Counter(r for r in reasons if r.startswith(EXTRA_SKIP_REASONS))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("CI") == "true" and exitstatus == 0 and _missing_extra(session):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """One line of skip reasons with their counts, just above pytest's own last line."""
     skipped = terminalreporter.stats.get("skipped", [])
@@ -55,3 +74,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     counts = collections.Counter(_skip_reason(report) for report in skipped)
     summary = "; ".join(f"{count} {reason}" for reason, count in counts.most_common())
     terminalreporter.write_line(f"skipped: {summary}")
+    missing = _missing_extra(terminalreporter)
+    if missing and os.environ.get("CI") == "true":
+        terminalreporter.write_line(
+            f"FAILED (CI): {sum(missing.values())} tests skipped for a dependency of the "
+            f"[test] extra: {dict(missing)}; the extra must install triton and jax-triton",
+            red=True,
+        )

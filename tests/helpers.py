@@ -35,6 +35,81 @@ def triton_available() -> bool:
     return True
 
 
+def no_triton() -> str | None:
+    """Why ``import triton`` fails here (a skip reason), or None."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as err:
+        return f"{TRITON_MISSING} ({str(err).splitlines()[0]})"
+    return None
+
+
+def cuda_devices() -> list:
+    try:
+        return jax.devices("cuda")
+    except RuntimeError:
+        return []
+
+
+def why_no_triton_launch() -> str | None:
+    """Why the raw Triton kernels cannot run here (a skip reason), or None.
+
+    A jax-triton that is installed but cannot launch on a CUDA machine is a
+    failure to see, not a reason to skip: the GPU tests then run and fail.
+    """
+    reason = no_triton()
+    if reason:
+        return reason
+    if not cuda_devices():
+        return "needs a CUDA GPU"
+    if not triton_available():
+        return JAX_TRITON_MISSING
+    return None
+
+
+def entry_rows(rng, num_rows: int, n: int, *, distinct: bool, markers: bool, dtype=np.int32):
+    """Rows in random order (distinct, or with repeats), some replaced by out-of-range ones.
+
+    The out-of-range rows are what the caller's normalization produces (one
+    past the end, -1) plus the extremes of the index type, which a 32-bit or
+    unsigned bounds check would get wrong. For the Triton kernel tests.
+    """
+    if n > num_rows:  # Fewer rows than entries: the rows past the end are out of range.
+        rows = rng.permutation(n)
+    elif distinct:
+        rows = rng.permutation(num_rows)[:n]
+    else:
+        rows = rng.integers(0, num_rows, size=n)
+    rows = rows.astype(dtype)
+    if markers and n >= 8:  # Fewer entries all stay real, so that something happens.
+        info = np.iinfo(dtype)
+        choices = np.array([num_rows, -1, info.max, info.min], dtype)
+        where = rng.choice(n, n // 8, replace=False)
+        rows[where] = rng.choice(choices, where.size)
+    return rows
+
+
+def in_place_jit(function, on_host: bool):
+    """``jit`` of an in-place kernel function, buffer donated, result placed like the buffer."""
+
+    def run(x, *args):
+        out = function(x, *args)
+        if on_host:
+            # Like pallas_call, triton_call declares its result in device
+            # memory; it is the aliased host buffer, so say where it lives.
+            out = jax.device_put(out, jax.memory.Space.Host)
+        return out
+
+    return jax.jit(run, donate_argnums=0)
+
+
+# Skip reasons naming a dependency that the [test] extra installs: tests
+# skipped for them in CI mean the extra is broken (conftest fails such a run).
+TRITON_MISSING = "triton is not installed"
+TRITON_EXTRA_MISSING = "needs pallas-pinned[triton]"
+JAX_TRITON_MISSING = "jax-triton is not installed"
+EXTRA_SKIP_REASONS = (TRITON_MISSING, TRITON_EXTRA_MISSING, JAX_TRITON_MISSING)
+
 # Every correctness case runs through each backend. "pallas" and "triton"
 # compile Triton kernels, so they exist on a GPU only; "triton" also needs
 # the optional extra.
@@ -43,7 +118,7 @@ TRITON = pytest.param(
     "triton",
     marks=[
         pytest.mark.gpu,
-        pytest.mark.skipif(not triton_available(), reason="needs pallas-pinned[triton]"),
+        pytest.mark.skipif(not triton_available(), reason=TRITON_EXTRA_MISSING),
     ],
 )
 BACKENDS = ["xla", "interpret", "auto", PALLAS, TRITON]

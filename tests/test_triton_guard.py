@@ -1,0 +1,226 @@
+"""The raw Triton backend's import guard and install checks; CPU only.
+
+Each state of the guard in ``kernels/triton_common.py`` (no triton, no
+jax-triton, a jax-triton that cannot launch here, one of an unknown series),
+what launching says where it cannot run, and that CI installed what the
+``[test]`` extra promises. Needs only ``triton`` (skipped only when
+``import triton`` fails, which fails a CI run: see ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import os
+import re
+import subprocess
+import sys
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_pinned
+from tests.helpers import JAX_TRITON_MISSING, cuda_devices, no_triton
+
+_NO_TRITON = no_triton()
+if _NO_TRITON is None:
+    # Not guarded: with triton present, failing to import these is a bug.
+    from pallas_pinned.kernels import gather_triton as gt
+    from pallas_pinned.kernels import scatter_add_triton as at
+    from pallas_pinned.kernels import scatter_triton as st
+    from pallas_pinned.kernels import triton_common as tc
+
+needs_triton = pytest.mark.skipif(_NO_TRITON is not None, reason=_NO_TRITON or "")
+_HINT = re.escape('pip install "pallas-pinned[triton]"')
+_KERNEL_MODULES = ("triton_common", "scatter_triton", "gather_triton", "scatter_add_triton")
+
+
+def _jax_triton_missing() -> bool:
+    try:
+        tc.check_installed()
+    except ImportError:
+        return True
+    return False
+
+
+def _fresh_import(monkeypatch, name: str):
+    """Imports kernel module ``name`` anew; the old modules come back after the test."""
+    import pallas_pinned.kernels as package
+
+    for module in _KERNEL_MODULES:
+        monkeypatch.delitem(sys.modules, f"pallas_pinned.kernels.{module}", raising=False)
+        monkeypatch.delattr(package, module, raising=False)
+    return importlib.import_module(f"pallas_pinned.kernels.{name}")
+
+
+def _fresh_modules(monkeypatch):
+    modules = [_fresh_import(monkeypatch, name) for name in _KERNEL_MODULES[1:]]
+    return (sys.modules["pallas_pinned.kernels.triton_common"], *modules)
+
+
+def _small_calls(scatter, gather, add):
+    """One valid call of each public kernel function, on CPU arrays."""
+    x, rows, updates = jnp.ones((10, 4)), jnp.arange(3, dtype=jnp.int32), jnp.ones((3, 4))
+    return {
+        "scatter": lambda: scatter.scatter_rows_triton(x, rows, None, updates),
+        "gather": lambda: gather.gather_rows_triton(x, rows),
+        "add": lambda: add.scatter_add_rows_triton(x, rows, None, updates),
+    }
+
+
+@pytest.mark.parametrize("name", _KERNEL_MODULES)
+def test_import_without_triton_names_the_extra(monkeypatch, name):
+    # A None entry in sys.modules makes `import triton` fail as if not installed.
+    monkeypatch.setitem(sys.modules, "triton", None)
+    with pytest.raises(ImportError, match=_HINT):
+        _fresh_import(monkeypatch, name)
+
+
+@needs_triton
+def test_triton_common_never_imports_pallas():
+    # The backend must work when Pallas's Triton backend is gone; a fresh
+    # process, since other tests import Pallas here.
+    code = (
+        "import sys; from pallas_pinned.kernels import triton_common; "
+        "print(sorted(m for m in sys.modules if m.startswith('jax.experimental.pallas')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+@needs_triton
+def test_without_jax_triton_compiles_but_launching_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "jax_triton", None)
+    common, scatter, gather, add = _fresh_modules(monkeypatch)
+    assert common.jax_triton is None and common.INSTALLED_SERIES is None
+    assert common.compile_for_target(gather.plan_gather_rows((10, 4), jnp.float32, 3)).asm["ptx"]
+    with pytest.raises(ImportError, match=_HINT):
+        common.check_installed()
+    for call in _small_calls(scatter, gather, add).values():
+        with pytest.raises(ImportError, match=_HINT):
+            call()
+
+
+class _RefuseJaxTriton(importlib.abc.MetaPathFinder):
+    """Makes ``import jax_triton`` fail the way 0.3.1 does on a jaxlib without CUDA."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "jax_triton":
+            raise ImportError("jax-triton requires JAX to be installed with GPU support.")
+        return None
+
+
+def _fake_jax_triton(version: str, *, plugin: bool = False) -> types.ModuleType:
+    """A jax-triton of ``version``; ``plugin``: with jaxlib's CUDA launcher (0.4 checks it)."""
+    fake = types.ModuleType("jax_triton")
+    fake.__version__ = version
+    fake.__version_info__ = tuple(int(part) for part in version.split("."))
+    lib = types.SimpleNamespace(TritonKernelCall=object) if plugin else None
+    fake.triton_lib = types.SimpleNamespace(triton_kernel_call_lib=lib)
+    return fake
+
+
+_UNUSABLE = {
+    "no_gpu_jaxlib": (None, "requires JAX to be installed with GPU support"),
+    # 0.4 imports on any jaxlib; it cannot launch without the CUDA plugin.
+    "jax_triton_0.4_cpu": ("0.4.1", "requires JAX to be installed with GPU support"),
+    "jax_triton_0.5": ("0.5.0", r"jax-triton 0\.5\.0 is installed, but .* 0\.3\.x or 0\.4\.x"),
+}
+
+
+@needs_triton
+@pytest.mark.parametrize("state", list(_UNUSABLE))
+def test_unusable_jax_triton_compiles_but_refuses_to_launch(monkeypatch, state):
+    version, reason = _UNUSABLE[state]
+    if version is None:
+        monkeypatch.delitem(sys.modules, "jax_triton", raising=False)
+        monkeypatch.setattr(sys, "meta_path", [_RefuseJaxTriton(), *sys.meta_path])
+    else:
+        monkeypatch.setitem(sys.modules, "jax_triton", _fake_jax_triton(version))
+    common, scatter, gather, add = _fresh_modules(monkeypatch)
+    assert common.jax_triton is None
+    common.check_installed()  # Installed: not an ImportError.
+    plan = add.plan_scatter_add_rows((10, 4), "float32", 3)
+    assert common.compile_for_target(plan).asm["ptx"]
+    for call in _small_calls(scatter, gather, add).values():
+        with pytest.raises(NotImplementedError, match=f"jax-triton cannot launch.*{reason}"):
+            call()
+
+
+@needs_triton
+@pytest.mark.parametrize("version", ["0.3.1", "0.4.1"])
+def test_each_known_series_is_launchable(monkeypatch, version):
+    # With jaxlib's CUDA plugin present, 0.3 and 0.4 both pass the guard (a
+    # jax whose dead-code rules 0.4 does not fit is refused: see the next test).
+    fake = _fake_jax_triton(version, plugin=True)
+    monkeypatch.setitem(sys.modules, "jax_triton", fake)
+    common = _fresh_import(monkeypatch, "triton_common")
+    assert common.JAX_TRITON_UNUSABLE is None and common.jax_triton is fake
+    assert common.INSTALLED_SERIES == fake.__version_info__[:2]
+    common.check_can_launch()
+
+
+@needs_triton
+def test_jax_triton_04_that_does_not_fit_this_jax_is_refused(monkeypatch):
+    jax_triton = pytest.importorskip("jax_triton")
+    if tuple(jax_triton.__version_info__[:2]) != (0, 4):
+        pytest.skip(f"jax-triton {jax_triton.__version__} installed; this checks 0.4")
+    from jax._src.interpreters import partial_eval as pe
+
+    primitive = jax_triton.triton_lib.triton_kernel_call_p
+    plugin = types.SimpleNamespace(TritonKernelCall=object)
+    monkeypatch.setattr(jax_triton.triton_lib, "triton_kernel_call_lib", plugin)
+    # A rule of the wrong arity, whatever the installed pair does.
+    monkeypatch.setitem(pe.dce_rules, primitive, lambda used_outs: None)
+    common = _fresh_import(monkeypatch, "triton_common")
+    assert re.search(r"dead-code rule does not fit jax", common.JAX_TRITON_UNUSABLE or "")
+    with pytest.raises(NotImplementedError, match="dead-code rule"):
+        common.check_can_launch()
+
+
+@needs_triton
+def test_launch_here_says_why():
+    if cuda_devices() and not tc.JAX_TRITON_UNUSABLE:
+        pytest.skip("jax-triton can launch here; nothing to refuse")
+    expected = ImportError if _jax_triton_missing() else NotImplementedError
+    for call in _small_calls(st, gt, at).values():
+        with pytest.raises(expected, match="jax-triton"):
+            call()
+
+
+def test_public_backend_triton_refused_without_cuda():
+    if cuda_devices():
+        pytest.skip("a CUDA GPU is present; the refusal is for other platforms")
+    x = jnp.ones((10, 3))
+    # Without triton the ImportError names the extra; with jax-triton, the
+    # platform is refused. With triton alone both refusals are true.
+    expected, message = (NotImplementedError, "CUDA")
+    if _NO_TRITON is not None:
+        expected, message = ImportError, _HINT
+    elif _jax_triton_missing():
+        expected, message = (ImportError, NotImplementedError), f"{_HINT}|CUDA"
+    calls = {
+        "scatter": lambda: pallas_pinned.scatter_to_host(
+            x, np.array([1, 2]), jnp.zeros((2, 3)), backend="triton"),
+        "gather": lambda: pallas_pinned.gather_from_host(x, np.array([1, 2]), backend="triton"),
+        "add": lambda: pallas_pinned.scatter_add_to_host(
+            x, np.array([1, 2]), jnp.zeros((2, 3)), backend="triton"),
+    }
+    for op, call in calls.items():
+        with pytest.raises(expected, match=message):
+            call()
+        assert not x.is_deleted(), op  # Refused before anything ran.
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true", reason="checks what CI installed")
+def test_ci_installed_the_triton_extra():
+    # The [test] extra pulls in [triton]: in CI the CPU-runnable Triton tests
+    # must run, not skip (conftest also fails a CI run that skipped them).
+    assert _NO_TRITON is None, _NO_TRITON
+    assert not _jax_triton_missing(), JAX_TRITON_MISSING
+    import jax_triton
+
+    assert tuple(jax_triton.__version_info__[:2]) in tc.JAX_TRITON_SERIES, jax_triton.__version__
