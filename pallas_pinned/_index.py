@@ -92,7 +92,7 @@ class IndexPlan:
     kind: str  # "axis0", "block" or "rows"
     index_shape: tuple[int, ...]
     unique: bool = False  # the form itself guarantees distinct positions
-    ascending: bool = False  # ... and ascending rows
+    ascending: bool = False  # ... in ascending address order (a ring: but for one jump)
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -467,5 +467,7 @@ def _plan(shape, items, mode, min_lead: int = 0) -> IndexPlan:
         kind=kind,
         index_shape=index_shape,
         unique=not arrays,
-        ascending=not arrays and steps_up and mode != "wrap",
+        # A ring's rows ascend but for one jump back to row 0: as good an
+        # address order as any (only speed depends on it: positions are unique).
+        ascending=not arrays and steps_up,
     )

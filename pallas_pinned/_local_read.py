@@ -85,7 +85,10 @@ def read_traced(x, operands, call: ReadCall):
     if x.size == 0:  # An indexed axis is empty: only fill modes get here (checked up front).
         fill = call.fill_value(x.dtype)
         return jax.device_put(lax.full(out_shape, fill, x.dtype), _DEVICE)
-    impl = _registry.choose("get", plan.kind, x, plan.num_entries, call.backend)
+    impl = _registry.choose(
+        "get", plan.kind, x, plan.num_entries, call.backend,
+        block_copy=call.thresholds.block_copy,
+    )
     if impl == "block":
         out = _block_op(call)(x, operands)
         return jax.device_put(out, _DEVICE)

@@ -93,7 +93,10 @@ def write_traced(x, operands, updates, call: WriteCall):
     plan = call.plan
     if plan.num_entries == 0 or x.size == 0:
         return x
-    impl = _registry.choose(call.op, plan.kind, x, plan.num_entries, call.backend)
+    impl = _registry.choose(
+        call.op, plan.kind, x, plan.num_entries, call.backend,
+        block_copy=call.thresholds.block_copy,
+    )
     if impl == "block":
         return _block.write(x, plan, operands, updates, op=call.op, mode=call.mode)
     rows = plan.rows(operands, call.mode, read=False)

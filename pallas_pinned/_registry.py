@@ -44,7 +44,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pallas_pinned import _placement, tuning
+from pallas_pinned import _placement
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -230,23 +230,27 @@ def _without_pallas_triton() -> str | None:
     return None
 
 
-def choose(op: str, plan_kind: str, x: Any, num_entries: int, backend: str) -> str:
+def choose(
+    op: str, plan_kind: str, x: Any, num_entries: int, backend: str, *, block_copy: bool = False
+) -> str:
     """The implementation that serves one traced call: a name of :data:`IMPLEMENTATIONS`.
 
     For an explicit kernel backend, that backend (its availability was
     checked up front); for ``"xla"``, ``"block"`` where the index is a block,
     else ``"xla"``. ``"auto"`` walks the op's list: a block copy for a block
-    (when :class:`tuning.Thresholds` allows it), a kernel for a host buffer
-    where one can run, XLA otherwise. A kernel choice still runs XLA off CUDA
+    in device memory (or on a host buffer with ``block_copy``, the measured
+    switch of :class:`tuning.Thresholds`), a kernel for a host buffer where
+    one can run, XLA otherwise. A kernel choice still runs XLA off CUDA
     (the caller wraps it in ``lax.platform_dependent``).
     """
     if backend in KERNEL_BACKENDS:
         return backend
-    block_ok = plan_kind == "block" and (backend == "xla" or tuning.current().block_copy)
+    host = _placement.on_host(x)
+    block_ok = plan_kind == "block" and (backend == "xla" or not host or block_copy)
     for name in IMPLEMENTATIONS[op]:
         if name == "block" and block_ok:
             return name
-        if name in ("pallas", "triton") and backend == "auto" and _placement.on_host(x):
+        if name in ("pallas", "triton") and backend == "auto" and host:
             kernel = _auto_kernel(op, x.dtype, num_entries)
             if kernel is not None:
                 return kernel

@@ -51,12 +51,14 @@ class Thresholds:
     # duplicate search grows as n**2). Chosen from the loop benchmark on the
     # H200 (benchmarks/results/loop_h200.json); see README "Inside a loop".
     fused_max_updates: int = 4096
-    # backend="auto": a contiguous block (ints, step-1 slices, jax.ds) is one
-    # XLA copy, dynamic_update_slice / dynamic_slice, instead of rows for a
-    # kernel. A choice backed by the H200 probe (64 x 1 KiB in a scan:
-    # 8.8 us for XLA's copy, 24.6 us as kernel rows); the loop benchmark's
-    # block cases measure both sides of this switch.
-    block_copy: bool = True
+    # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices,
+    # jax.ds) as one XLA copy (dynamic_update_slice / dynamic_slice) instead of
+    # kernel rows. Off: measured on the H200 (benchmarks/results/
+    # block_probe_h200.json, 2026-12-03, us per step in a scan), our block copy
+    # took 12.2 / 53.0 / 177 us for 64 x 1 KiB, 1024 x 1 KiB, 16384 x 256 B
+    # where kernel rows took 7.9 / 30.2 / 96.1 (XLA's own copy: 8.0 / 29.3 /
+    # 90.9). Device-memory buffers always take the copy (XLA's home turf).
+    block_copy: bool = False
     # False turns the locality sort off altogether (rows with duplicates are
     # still de-duplicated). For benchmarks that measure what sorting buys.
     coalesce: bool = True
