@@ -5,7 +5,7 @@
 operands it needs (index arrays, traced starts). The plan views the buffer as
 2-D: the *leading* axes, up to the last one the index does more than take
 whole, become the rows; the rest (axes the index takes whole) become the row.
-Then every form is one of three kinds:
+:mod:`._index_parse` builds the plan. Every form is one of three kinds:
 
 * ``"axis0"``: an index on axis 0 alone (int, integer array, list, static
   slice) — the forms of the first release, handed to the row kernels as
@@ -27,27 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned._rows import index_dtype, skip_row, to_wide_numpy
+from pallas_pinned._rows import index_dtype, skip_row
 
-__all__ = ["IndexPlan", "Item", "parse"]
+__all__ = ["IndexPlan", "Item"]
 
-MASK_ADVICE = (
-    "boolean masks are not supported: a mask selects a data-dependent number of rows. "
-    "Turn it into row numbers of a fixed count, padded with an out-of-range row that "
-    "mode='drop' skips: rows = jnp.nonzero(mask, size=MAX_ROWS, fill_value=x.shape[0])[0], "
-    "then call with (rows, updates, mode='drop')"
-)
-SUPPORTED_FORMS = (
-    "ints, integer arrays (numpy or jax, any shape), lists of ints, static slices, "
-    "jax.ds(start, size) with a static or traced start, Ellipsis and None, "
-    "or a tuple of these (one per axis)"
-)
 # Modes whose out-of-range entries are dropped (writes) or filled (reads).
 _DROPPING = (None, "drop", "fill", "promise_in_bounds")
 
@@ -270,204 +257,3 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide):
 def _broadcast_rank(items) -> int:
     shapes = [item.shape for item in items if item.advanced]
     return len(np.broadcast_shapes(*shapes)) if shapes else 0
-
-
-# --- parsing -------------------------------------------------------------------------
-
-
-def _is_ds(a: Any) -> bool:
-    # jax.ds and pl.ds make the same Slice class (jax._src.indexing.Slice in
-    # jax 0.12); duck-typed so no private module is imported.
-    return type(a).__name__ == "Slice" and all(hasattr(a, f) for f in ("start", "size", "stride"))
-
-
-def _is_array(a: Any) -> bool:
-    return isinstance(a, (np.ndarray, jax.Array)) or hasattr(a, "aval")
-
-
-def _type_error(what: str) -> TypeError:
-    return TypeError(f"indices must be integers, got {what}; supported: {SUPPORTED_FORMS}")
-
-
-def _as_array(a: Any):
-    """A list or array index as an integer array (numpy arrays narrowed, saturating)."""
-    if isinstance(a, list):
-        if not a:
-            a = np.zeros((0,), np.int64)  # An empty list has no dtype; numpy says float64.
-        else:
-            try:
-                a = np.asarray(a)
-            except ValueError as err:  # numpy refuses ragged nesting.
-                raise ValueError(
-                    "indices is a ragged list (its sublists differ in length), which has no "
-                    f"array shape; pass a flat list or a rectangular nesting of ints ({err})"
-                ) from None
-    dtype = jnp.dtype(a.dtype)
-    if dtype == jnp.bool_:
-        raise TypeError(f"indices has dtype bool (shape {a.shape}); {MASK_ADVICE}")
-    if not jnp.issubdtype(dtype, jnp.integer):
-        raise _type_error(f"an array of dtype {dtype} (shape {a.shape})")
-    if isinstance(a, np.ndarray):
-        # Narrow here, saturating, before jax would truncate int64 values.
-        a = to_wide_numpy(a, index_dtype())
-    return a
-
-
-def _static_int(v: Any, what: str) -> int:
-    if isinstance(v, (bool, np.bool_)):
-        raise TypeError(f"indices must be integers, got the bool {v!r}; {MASK_ADVICE}")
-    if isinstance(v, (int, np.integer)):
-        return int(v)
-    if isinstance(v, (float, complex, np.floating, np.complexfloating)):
-        raise _type_error(f"the {type(v).__name__} {v!r}")
-    raise _type_error(f"{type(v).__name__} {v!r} as {what}")
-
-
-def _slice_bound(part: Any, whole: slice) -> int | None:
-    """A static slice bound as an int (concrete jax scalars too, as jnp takes them)."""
-    if part is None or isinstance(part, (int, np.integer)):
-        return part
-    if isinstance(part, jax.core.Tracer) or not (_is_array(part) and np.ndim(part) == 0):
-        # jnp raises IndexError for traced bounds too.
-        raise IndexError(
-            f"slice bounds must be static, got {whole!r}; for a block at a traced position "
-            "use jax.ds(start, size), e.g. at(x)[jax.ds(start, n)].set(y)"
-        )
-    if not jnp.issubdtype(part.dtype, jnp.integer):
-        raise _type_error(f"the slice bound {part!r}")
-    return int(part)
-
-
-def _expand(index: Any, ndim: int) -> list:
-    items = list(index) if isinstance(index, tuple) else [index]
-    ellipses = [k for k, it in enumerate(items) if it is Ellipsis]
-    if len(ellipses) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    consuming = sum(1 for it in items if it is not None and it is not Ellipsis)
-    if consuming > ndim:
-        raise IndexError(
-            f"too many indices: the buffer has {ndim} axes but the index uses {consuming}"
-        )
-    fill = [slice(None)] * (ndim - consuming)
-    if ellipses:
-        k = ellipses[0]
-        return items[:k] + fill + items[k + 1 :]
-    return items + fill
-
-
-def parse(
-    index: Any, shape: tuple[int, ...], mode: str | None = None, *, min_lead: int = 0
-) -> tuple[IndexPlan, tuple]:
-    """The plan of ``x.at[index]`` for a buffer of ``shape``, and its dynamic operands.
-
-    ``min_lead``: at least this many leading axes become rows (the sharded
-    layer needs axis 0 among them).
-    Raises TypeError, IndexError or ValueError for forms jnp refuses or that
-    are not supported (boolean masks, traced slice bounds), before anything runs.
-    """
-    shape = tuple(int(d) for d in shape)
-    if not shape:
-        raise ValueError(f"x must have at least one axis to index, got shape {shape}")
-    items, operands, axis = [], [], 0
-    for it in _expand(index, len(shape)):
-        if it is None:
-            items.append(Item("new"))
-            continue
-        items.append(_item(it, axis, shape[axis], operands))
-        axis += 1
-    plan = _plan(shape, items, mode, min_lead)
-    if plan.kind == "axis0" and plan.items[0].kind == "slice":
-        operands = [np.arange(*plan.items[0].static, dtype=index_dtype())]
-    return plan, tuple(operands)
-
-
-def _item(it: Any, axis: int, dim: int, operands: list) -> Item:
-    """One index entry on ``axis`` (length ``dim``); array operands are appended."""
-    if isinstance(it, slice):
-        it = slice(*(_slice_bound(part, it) for part in (it.start, it.stop, it.step)))
-        if it.step == 0:
-            raise ValueError(f"slice step cannot be zero, got {it!r}")
-        return Item("slice", axis, static=it.indices(dim))
-    if _is_ds(it):
-        size, stride = _static_int(it.size, "a ds size"), _static_int(it.stride, "a ds stride")
-        if size < 0 or stride < 1 or (size and stride * (size - 1) >= dim):
-            raise ValueError(
-                f"jax.ds(start, {size}, {stride}) does not fit axis {axis} of length {dim}"
-            )
-        if not _is_array(it.start):
-            start = _static_int(it.start, "a ds start")
-            return Item("ds", axis, value=start, static=(size, stride))
-        start = _as_array(it.start)
-        if np.ndim(start):
-            raise TypeError(f"a ds start must be a scalar, got shape {np.shape(start)}")
-        operands.append(start)
-        return Item("ds", axis, operand=len(operands) - 1, static=(size, stride))
-    if isinstance(it, list) or _is_array(it):
-        arr = _as_array(it)
-        operands.append(arr)
-        kind = "int" if np.ndim(arr) == 0 else "array"
-        return Item(kind, axis, operand=len(operands) - 1, shape=tuple(np.shape(arr)))
-    info = np.iinfo(index_dtype())  # Saturate: a huge int stays out of range.
-    return Item("int", axis, value=min(max(_static_int(it, "an index"), info.min), info.max))
-
-
-def _plan(shape, items, mode, min_lead: int = 0) -> IndexPlan:
-    # Trailing whole-axis slices become the row; everything up to the last
-    # other item indexes rows.
-    def whole(item):
-        return item.kind == "slice" and item.static == (0, shape[item.axis], 1)
-
-    last = max((k for k, item in enumerate(items) if not whole(item)), default=-1)
-    axes = [k for k, item in enumerate(items) if item.kind != "new"]
-    if min_lead:
-        last = max(last, axes[min_lead - 1])
-    lead_items = tuple(items[: last + 1])
-    lead = sum(1 for item in lead_items if item.kind != "new")
-    adv = [k for k, item in enumerate(lead_items) if item.advanced]
-    group = np.broadcast_shapes(*[item.shape for item in lead_items if item.advanced])
-    basic = [item.length(shape[item.axis] if item.axis >= 0 else 1) for item in lead_items]
-    together = bool(adv) and adv[-1] - adv[0] + 1 == len(adv)
-    if not adv:
-        index_shape = tuple(basic)
-    elif together:
-        before = [b for k, b in enumerate(basic[: adv[0]]) if not lead_items[k].advanced]
-        after = [b for k, b in enumerate(basic) if k > adv[-1] and not lead_items[k].advanced]
-        index_shape = tuple(before) + tuple(group) + tuple(after)
-    else:
-        index_shape = tuple(group) + tuple(
-            b for k, b in enumerate(basic) if not lead_items[k].advanced
-        )
-    arrays = any(item.kind == "array" for item in lead_items)
-    ring = mode == "wrap" and any(
-        item.kind == "ds" and item.static[0] > 1 for item in lead_items
-    )
-    blocky = all(
-        item.kind in ("int", "ds", "new") or (item.kind == "slice" and item.static[2] == 1)
-        for item in lead_items
-    )
-    first = lead_items[0] if len(lead_items) == 1 else None
-    if first is not None and first.axis == 0 and (
-        first.kind == "array" or (first.kind == "slice" and first.static[2] != 1)
-    ):
-        kind = "axis0"  # The first release's forms: the row path as it was.
-    elif blocky and not arrays and not ring:
-        kind = "block"
-    else:
-        kind = "rows"
-    if kind == "rows" and math.prod(shape[:lead]) > jnp.iinfo(index_dtype()).max:
-        raise ValueError(
-            f"the indexed axes {shape[:lead]} hold more positions than {index_dtype()} "
-            "counts; enable jax_enable_x64 or index fewer axes at once"
-        )
-    steps_up = all(item.kind != "slice" or item.static[2] > 0 for item in lead_items)
-    return IndexPlan(
-        shape=shape,
-        items=lead_items,
-        lead=lead,
-        kind=kind,
-        index_shape=index_shape,
-        unique=not arrays,
-        # A ring's rows ascend but for one jump back to row 0: as good an
-        # address order as any (only speed depends on it: positions are unique).
-        ascending=not arrays and steps_up,
-    )

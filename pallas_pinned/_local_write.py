@@ -1,6 +1,6 @@
 """The local layer of the writes: one buffer on one device, any index form, any update op.
 
-The public ops validate and parse the index (``_index.parse``), then call
+The public ops validate and parse the index (``_index_parse.parse``), then call
 :func:`write`. Inside a trace it stages :func:`write_traced` under the rules
 below; outside, it runs that in a jit that donates ``x`` (so the update
 happens in place) and places the result exactly where ``x`` is.

@@ -35,7 +35,14 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_pinned import _index, _local_read, _local_write, _placement, _registry, _validation
+from pallas_pinned import (
+    _index_parse,
+    _local_read,
+    _local_write,
+    _placement,
+    _registry,
+    _validation,
+)
 from pallas_pinned._sharded_route import (
     GatherConfig,
     Layout,
@@ -172,7 +179,7 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
             f"scatter_{op}_to_host does not {op} into a bool buffer (x has dtype {x.dtype}), "
             "as jnp does not; store the flags as uint8"
         )
-    plan, operands = _index.parse(index, x.shape, mode, min_lead=1)
+    plan, operands = _index_parse.parse(index, x.shape, mode, min_lead=1)
     _validation.check_updates(updates, plan.result_shape, x.dtype)
     _validation.check_not_aliased(x, ("updates", updates))
     for k, operand in enumerate(operands):
@@ -216,7 +223,7 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
     _validation.check_mode_and_backend(mode, backend, modes=_validation.GATHER_MODES)
     layout = _layout(x)
     fill = _validation.check_fill_value(fill_value)
-    plan, operands = _index.parse(index, x.shape, mode, min_lead=1)
+    plan, operands = _index_parse.parse(index, x.shape, mode, min_lead=1)
     empty_axis = any(x.shape[item.axis] == 0 for item in plan.items if item.axis >= 0)
     if empty_axis and plan.num_entries > 0 and mode not in _validation.FILL_MODES:
         raise ValueError(

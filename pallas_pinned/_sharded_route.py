@@ -59,7 +59,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_pinned import _index, _local_read, _local_write, _placement, _rows, _validation
+from pallas_pinned import _index_parse, _local_read, _local_write, _placement, _rows, _validation
 from pallas_pinned._index import IndexPlan
 
 _EXPLICIT = jax.sharding.AxisType.Explicit
@@ -157,7 +157,7 @@ def _write_shard(cfg: WriteConfig, x_local, rows, updates):
         below = jnp.sum(rows < first)
         local, updates = jnp.roll(local, -below), jnp.roll(updates, -below, axis=0)
     x2d = x_local.reshape(view_rows, cfg.call.plan.width)
-    plan, operands = _index.parse(local, x2d.shape, "drop")
+    plan, operands = _index_parse.parse(local, x2d.shape, "drop")
     # "drop" locally whatever the global mode: rows of other shards are marked.
     call = dataclasses.replace(cfg.call, plan=plan, mode="drop")
     return _local_write.write_traced(x2d, operands, updates, call).reshape(x_local.shape)
@@ -210,7 +210,7 @@ def _gather_shard(cfg: GatherConfig, x_local, rows):
     view_rows = cfg.call.plan.num_rows // cfg.layout.shards
     local, _ = _local_rows(rows, cfg.layout, view_rows)
     x2d = x_local.reshape(view_rows, cfg.call.plan.width)
-    plan, operands = _index.parse(local, x2d.shape, "fill")
+    plan, operands = _index_parse.parse(local, x2d.shape, "fill")
     # "fill" with 0: rows of other shards are not read and give all-zero bits.
     call = dataclasses.replace(
         cfg.call, plan=plan, mode="fill", fill=_validation.StaticScalar(0)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned import _index, _placement, _registry
+from pallas_pinned import _index, _index_parse, _placement, _registry
 from pallas_pinned.kernels.row_layout import offsets_fit
 
 # jnp's scatter modes ("fill" means "drop" for a write, as in jnp), and ours:
@@ -144,7 +144,7 @@ def check_write(
             f"{op} into a bool buffer (x has dtype {x.dtype}); use .max (OR) or .min (AND), "
             "or store the flags as uint8"
         )
-    plan, operands = _index.parse(index, x.shape, mode)
+    plan, operands = _index_parse.parse(index, x.shape, mode)
     check_updates(updates, plan.result_shape, x.dtype)
     check_same_device(x, ("indices", index), ("updates", updates))
     check_not_aliased(x, ("indices", index), ("updates", updates))
@@ -161,7 +161,7 @@ def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.I
     """Every check of a read; returns the parsed index."""
     check_mode_and_backend(mode, backend, modes=GATHER_MODES)
     check_buffer(x)
-    plan, operands = _index.parse(index, x.shape, mode)
+    plan, operands = _index_parse.parse(index, x.shape, mode)
     empty_axis = any(x.shape[item.axis] == 0 for item in plan.items if item.axis >= 0)
     if empty_axis and plan.num_entries > 0 and mode not in FILL_MODES:
         raise ValueError(

@@ -148,3 +148,72 @@ def test_vmap_of_add_is_refused_with_the_alternative():
     x = jnp.asarray(X0)
     with pytest.raises(NotImplementedError, match=r"indices.reshape\(-1\)"):
         jax.vmap(lambda i: scatter_add_to_host(x, i, 1.0))(jnp.array([[1], [2]]))
+
+
+# --- no failed transformation loses the buffer ----------------------------------------
+
+
+def _on_device(a):
+    return jax.device_put(a, jax.memory.Space.Device)
+
+
+def _failing_transformations(x, i, u):
+    """Transformations of our ops that jax cannot finish, each with what it raises."""
+    return {
+        # jnp.sum of a host-memory result is itself in host memory: jax's grad
+        # cannot seed it (jnp's own x.at[i].set on a host x fails the same way).
+        "grad of a host sum": (
+            lambda: jax.grad(lambda u: jnp.sum(pp.scatter_to_host(x, i, u)))(u),
+            ValueError,
+        ),
+        "grad read back by gather": (
+            lambda: jax.grad(
+                lambda u: gather_from_host(scatter_add_to_host(x, i, u), i).sum()
+            )(u),
+            TypeError,
+        ),
+        "jvp": (lambda: jax.jvp(lambda u: pp.scatter_to_host(x, i, u), (u,), (u,)), TypeError),
+        "grad of max": (
+            lambda: jax.grad(lambda u: jnp.sum(_on_device(pp.scatter_max_to_host(x, i, u))))(u),
+            TypeError,
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["grad of a host sum", "grad read back by gather", "jvp", "grad of max"]
+)
+@pytest.mark.parametrize("jitted", [False, True])
+def test_a_failing_transformation_leaves_the_buffer_alive_and_unchanged(case, jitted):
+    x = put(X0)
+    i, u = jnp.array([1, 3]), jnp.ones((2, 2), jnp.float32)
+    call, error = _failing_transformations(x, i, u)[case]
+    with pytest.raises(error):
+        jax.jit(call)() if jitted else call()
+    assert not x.is_deleted()
+    assert_same(read(x), X0)
+
+
+def test_the_gather_refusal_shows_a_formulation_that_works():
+    x, i, u = put(X0), jnp.array([1, 3]), jnp.ones((2, 2), jnp.float32)
+    with pytest.raises(TypeError, match=r"gather_from_host\(x0, i\) \+ u"):
+        jax.grad(lambda u: gather_from_host(scatter_add_to_host(x, i, u), i).sum())(u)
+    # The formulation it names: differentiate on the device, write outside.
+    grad = jax.grad(lambda u: (gather_from_host(x, i) + u).sum())(u)
+    assert_same(grad, np.ones((2, 2), np.float32))
+    assert_same(read(x), X0)
+
+
+def test_an_eager_grad_that_works_does_not_consume_the_buffer():
+    # The updated buffer never reaches the caller of jax.grad, so x must stay.
+    x = put(X0)
+    idx = jnp.array([1, 4])
+
+    def loss(u):
+        out = pp.scatter_to_host(x, idx, u)
+        return jnp.sum(jax.device_put(out, jax.memory.Space.Device) * WEIGHTS)
+
+    grad = jax.grad(loss)(jnp.ones((2, 2), jnp.float32))
+    assert_same(grad, np.asarray(WEIGHTS[np.array([1, 4])]))
+    assert not x.is_deleted()
+    assert_same(read(x), X0)

@@ -1,0 +1,114 @@
+"""The package's shape: imports run one way (no cycle, inside functions included), small modules.
+
+Layers, top to bottom: the public ops (``scatter``, ``scatter_add``,
+``scatter_combine``, ``gather``, ``at``) → ``_front`` → the sharded layer
+(``_sharded``, ``_sharded_route``) → the local layer (``_local_write``,
+``_local_read``) → shared helpers → ``pallas_pinned.kernels``. This test
+reads every import statement of every module, at any depth, and checks that
+the graph has no cycle and that no module imports a layer above its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PUBLIC = {"scatter", "scatter_add", "scatter_combine", "gather", "at", "__init__", "__main__"}
+LAYERS = [  # Highest first; a module may import only its own layer or lower ones.
+    PUBLIC,
+    {"_front"},
+    {"_sharded", "_sharded_route"},
+    {"_local_write", "_local_read"},
+]
+TOOLS = {"testing"}  # Serves tests and benchmarks, never the ops.
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    found = {f"pallas_pinned.{p.stem}": p for p in (ROOT / "pallas_pinned").glob("*.py")}
+    found |= {f"pallas_pinned.kernels.{p.stem}": p for p in (ROOT / "kernels").glob("*.py")}
+    return found
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """The package modules ``name`` imports, anywhere in its source."""
+    package = name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # Relative: from .x import y / from . import y.
+                base = ".".join([package] + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t.startswith("pallas_pinned")}
+    return out
+
+
+def _graph():
+    modules = _modules()
+    return {
+        name: {t for t in _imports(name, path) if t in modules and t != name}
+        for name, path in modules.items()
+    }
+
+
+def _layer(name: str) -> int | None:
+    if name.startswith("pallas_pinned.kernels"):
+        return len(LAYERS) + 1
+    stem = name.rsplit(".", 1)[1]
+    for depth, layer in enumerate(LAYERS):
+        if stem in layer:
+            return depth
+    return None if stem in TOOLS else len(LAYERS)  # A shared helper.
+
+
+def test_no_import_cycle_anywhere():
+    graph = _graph()
+    state: dict[str, int] = {}
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+
+
+def test_imports_run_one_way():
+    wrong = []
+    for name, targets in _graph().items():
+        mine = _layer(name)
+        for target in targets:
+            theirs = _layer(target)
+            if mine is None or theirs is None:
+                if target.endswith(".testing") and not name.endswith(".__main__"):
+                    wrong.append(f"{name} imports {target}")
+                continue
+            if theirs < mine:
+                wrong.append(f"{name} (layer {mine}) imports {target} (layer {theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_kernels_never_import_the_package_above_them():
+    for name, targets in _graph().items():
+        if name.startswith("pallas_pinned.kernels"):
+            assert all(t.startswith("pallas_pinned.kernels") for t in targets), (name, targets)
+
+
+def test_modules_stay_small():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in _modules().values()}
+    big = {name: lines for name, lines in sizes.items() if lines > 420}
+    assert not big, big
