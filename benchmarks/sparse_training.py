@@ -21,10 +21,14 @@ table and the same ids and targets:
 * ``device``: the same training with the table in device memory (``jnp.take``
   and ``.at[ids].add``): what the step costs when the table fits on the GPU.
 
-Correctness: after one scan from the same initial table, the tables of
-``ours`` and ``xla`` are compared with the device table; the largest absolute
-difference is printed and recorded, and above ``--tolerance`` (1e-5; sums of
-repeated ids may round in another order) the run fails. Timing: a warm-up
+Correctness: after one scan from the same initial table (normal, scale
+``1/sqrt(dim)``; targets alike), the tables of ``ours`` and ``xla`` are
+compared with the device table; the largest absolute difference is printed and
+recorded, and above ``--tolerance`` (1e-5) times ``max(1, max |device
+table|)`` the run fails. The ~400 updates a popular row gets per step are
+summed in another order by each provider: float32 rounding, a few 1e-7 at
+this scale (a few 1e-6 with a unit-scale table), while one lost update moves
+an element by ``lr * |row - target| / batch``, ~2e-5. Timing: a warm-up
 scan, then ``--repeats`` device-synchronized scans (``benchmarks.timing``);
 median, min and max per step. The PCIe floor of a step is the bytes that must
 cross PCIe: its distinct rows read once and written once, ``2 * distinct *
@@ -136,10 +140,12 @@ def run_provider(name: str, table: jax.Array, ids, targets, args, reference) -> 
         kept = None
         if reference is None:
             kept = jnp.copy(table)  # the reference the others are checked against
+            args.reference_scale = float(jnp.max(jnp.abs(kept)))
         else:
             diff = max_abs_diff(table, reference)
             record["max_abs_diff_vs_device"] = diff
-            record["correct"] = bool(diff <= args.tolerance) and (
+            record["tolerance"] = args.tolerance * max(1.0, args.reference_scale)
+            record["correct"] = bool(diff <= record["tolerance"]) and (
                 record["memory_kind"] == "pinned_host")
         slow = record["first_run_s"] > args.max_run_s
         table, measured = timing.measure(
@@ -172,7 +178,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent of the ids")
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--tolerance", type=float, default=1e-5,
-                   help="largest allowed |table - device table| after one scan")
+                   help="largest allowed |table - device table| after one scan, times "
+                   "max(1, max |device table|)")
     p.add_argument("--pcie-gbps", type=float, default=53.0,
                    help="PCIe rate for the floor (H200 copies: 55.0 D2H, 49.3 H2D GB/s)")
     p.add_argument("--max-run-s", type=float, default=20.0,
@@ -196,18 +203,21 @@ def make_inputs(args):
     """Initial table (device), ids and targets (device), ids as numpy."""
     rng = np.random.default_rng([args.seed, args.rows, args.dim, args.batch])
     ids = zipf_ids(rng, args.rows, (args.steps, args.batch), args.zipf_s)
-    targets = rng.standard_normal((args.steps, args.batch, args.dim)).astype(np.float32)
+    scale = np.float32(1 / np.sqrt(args.dim))  # the usual embedding initialization
+    targets = (scale * rng.standard_normal((args.steps, args.batch, args.dim))).astype(np.float32)
     device = jax.devices()[0]
     on_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
-    table = jax.random.normal(jax.random.key(args.seed), (args.rows, args.dim), jnp.float32)
+    table = scale * jax.random.normal(jax.random.key(args.seed), (args.rows, args.dim),
+                                      jnp.float32)
     return (jax.block_until_ready(table), jax.device_put(ids, on_device),
             jax.device_put(targets, on_device), ids)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.reference_scale = 1.0
     if not args.gpu and not args.quick:
-        print("no GPU found: running the quick sizes on CPU (as with --quick)")
+        print("no GPU found: on CPU, with the quick sizes where none is given")
     started = time.monotonic()
     table0, ids, targets, ids_np = make_inputs(args)
     row_bytes = args.dim * 4
@@ -293,8 +303,8 @@ def exit_status(records: list[dict]) -> int:
             failed = True
         elif r["correct"] is False:
             print(f"INCORRECT: {r['provider']}: max |table - device table| "
-                  f"{r['max_abs_diff_vs_device']:.3g} (tolerance), memory kind "
-                  f"{r['memory_kind']}")
+                  f"{r['max_abs_diff_vs_device']:.3g} (tolerance {r['tolerance']:.3g}), "
+                  f"memory kind {r['memory_kind']} (must be pinned_host)")
             failed = True
     return 1 if failed else 0
 
