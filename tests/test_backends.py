@@ -170,7 +170,10 @@ def test_auto_follows_a_table_that_says_triton(monkeypatch):
     assert _registry.choose("set", "rows", x, 4, "auto") == "triton"
     assert _registry.choose("add", "rows", x, 4, "auto") == "pallas"  # The table says nothing.
     assert _registry.choose("set", "rows", x, 5000, "auto") == "pallas"  # "large": nothing.
-    assert _registry.choose("set", "block", x, 4, "auto") == "block"
+    # A block of a host buffer: kernel rows unless the block copy is switched on.
+    assert _registry.choose("set", "block", x, 4, "auto") == "triton"
+    assert _registry.choose("set", "block", x, 4, "auto", block_copy=True) == "block"
+    assert _registry.choose("set", "block", jnp.zeros((8, 2)), 4, "auto") == "block"
     assert _registry.choose("set", "rows", jnp.zeros((8, 2)), 4, "auto") == "xla"  # Device memory.
     monkeypatch.setattr(_registry, "raw_triton_usable", lambda: False)
     assert _registry.choose("set", "rows", x, 4, "auto") == "pallas"
