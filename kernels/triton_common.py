@@ -36,19 +36,22 @@ passes it once, as a ``jax.new_ref`` in the result's slot, and the operand
 slot gets a placeholder (:func:`launch`). In both the result comes back
 declared in device memory; callers ``device_put`` it to the host space.
 
-Install with ``pip install "pallas-pinned[triton]"``. Combinations and where
-they were tested:
+Install with ``pip install "pallas-pinned[triton]"`` (jax-triton 0.3.1 and
+triton 3.6). Combinations and where they were tested:
 
-* jax-triton 0.3.1 with triton 3.6.0 and jax 0.11.2: launched on an H200
-  (the GPU tests); on a jaxlib without CUDA it refuses to import, so there
-  the kernels only compile ahead of time.
-* jax-triton 0.4.1 with triton 3.9.0 (0.4 needs triton >= 3.7) and jax
-  0.12.0.1 on CPU: installs and imports; the kernels compile for sm_90 in
-  the 0.4 signature, and the 0.4 launch traces and lowers to StableHLO for
-  CUDA, jax-triton compiling the very PTX :func:`compile_for_target` gives
-  (CI, with a stand-in for jaxlib's CUDA Triton plugin). Not launched
-  on a GPU yet; with jax 0.12, jax-triton 0.4.1's dead-code rule does not
-  fit jax's (see :data:`JAX_TRITON_UNUSABLE`).
+* jax-triton 0.3.1 + triton 3.6.0, jax 0.11.2: launched on an H200 (the GPU
+  tests).
+* jax-triton 0.3.1 + triton 3.6.0, jax 0.12.0.1 on CPU (CI): installs; it
+  refuses to import without CUDA, so kernels compile ahead of time for sm_90
+  (both signatures), and the launch lowers to StableHLO for CUDA with a
+  stand-in for jaxlib's CUDA Triton plugin, jax-triton compiling the very
+  PTX :func:`compile_for_target` gives. Not launched on a GPU with jax 0.12.
+* jax-triton 0.4.1 + triton 3.9.0 (0.4 needs triton >= 3.7), jax 0.12.0.1
+  on CPU (by hand; the same tests): installs and imports, the 0.4 launch
+  lowers the same way. It cannot launch with jax 0.12: 0.4.1's dead-code
+  rule takes the old arguments, so ``jit`` fails to lower it (unless with
+  ``keep_unused=True``), and :func:`check_can_launch` refuses it
+  (:data:`JAX_TRITON_UNUSABLE`).
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def _why_04_cannot_launch(module) -> str | None:
         if len(inspect.signature(theirs).parameters) != wanted:
             return (
                 f"jax-triton {module.__version__}'s dead-code rule does not fit jax "
-                f"{jax.__version__}'s (every jit of a triton_call would fail to lower)"
+                f"{jax.__version__}'s (jit would fail to lower its triton_call)"
             )
     except (AttributeError, KeyError, TypeError, ValueError, ImportError):
         pass  # Internals moved: nothing known to be wrong.

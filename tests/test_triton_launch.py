@@ -1,21 +1,25 @@
-"""``triton_common.launch`` through jax-triton 0.4, traced and lowered for CUDA on CPU.
+"""``triton_common.launch`` traced and lowered for CUDA on CPU, for each jax-triton series.
 
-jax-triton 0.4 imports on a CPU jaxlib and compiles its kernel while
-lowering; only the last step, handing the compiled kernel to jaxlib's CUDA
-Triton plugin, needs a CUDA jaxlib. A stand-in for that plugin records what
-it is given, so on CPU these tests see the whole 0.4 launch: the in-place
-buffer passed once, as a Ref, in pinned host memory and aliased to the
-custom call's result; the kernel jax-triton compiles being the one
-``compile_for_target`` compiles. Two workarounds, both of the installed
-pair and not of this backend: jax-triton 0.4.1's dead-code rule does not fit
-jax 0.12's (``keep_unused=True`` keeps jit from calling it), and the 0.3.1
-launch cannot be traced here (0.3.1 does not import without CUDA); it runs
-in the GPU tests.
+jax-triton compiles its kernel while lowering; only handing the compiled
+kernel over needs jaxlib's CUDA Triton plugin. A stand-in for that plugin
+records what it is given, so on CPU these tests see the whole launch of the
+installed jax-triton: the in-place buffer staying in pinned host memory and
+aliased to the custom call's result (0.3.1: as operand and output; 0.4: once,
+as a Ref); the kernel jax-triton compiles being the one ``compile_for_target``
+compiles. 0.3.1 refuses to import without CUDA, so its stand-in goes in
+before the import, in a fresh process. Each series' tests skip where the
+other is installed (the ``[triton]`` extra pins 0.3.1). With jax 0.12,
+jax-triton 0.4.1's dead-code rule does not fit jax's: ``keep_unused=True``
+keeps jit from calling it here (``triton_common`` refuses to launch there).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import re
+import subprocess
+import sys
 import types
 
 import jax
@@ -33,32 +37,95 @@ if _NO_TRITON is None:
     from pallas_pinned.kernels import triton_common as tc
 
 try:
-    import jax_triton
-except ImportError:  # Missing, or 0.3.1 on a jaxlib without CUDA.
-    jax_triton = None
+    _INSTALLED = importlib.metadata.version("jax-triton")
+except importlib.metadata.PackageNotFoundError:
+    _INSTALLED = None
 
 
-def _why_skip() -> str | None:
+def _needs_series(series: str):
     if _NO_TRITON is not None:
-        return _NO_TRITON
-    if jax_triton is None:
-        try:
-            tc.check_installed()
-        except ImportError:
-            return JAX_TRITON_MISSING
-        return "jax-triton is installed but does not import here (0.3.1 needs CUDA)"
-    return None
+        reason = _NO_TRITON
+    elif _INSTALLED is None:
+        reason = JAX_TRITON_MISSING
+    elif not _INSTALLED.startswith(series + "."):
+        reason = f"checks jax-triton {series}; {_INSTALLED} is installed"
+    else:
+        reason = None
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
 
 
-pytestmark = pytest.mark.skipif(_why_skip() is not None, reason=_why_skip() or "")
-_OPS = {"scatter": (lambda: st.scatter_rows_triton, lambda: st.plan_scatter_rows),
-        "add": (lambda: at.scatter_add_rows_triton, lambda: at.plan_scatter_add_rows)}
+pytestmark = pytest.mark.skipif(_NO_TRITON is not None, reason=_NO_TRITON or "")
+
+# Lowers the three ops through jax-triton 0.3.1 with jaxlib's CUDA Triton
+# plugin replaced by a recording stand-in; prints what it saw as JSON.
+_LOWER_03 = r"""
+import json, re
+import jax, jax.numpy as jnp
+from jax._src.lib import gpu_triton
+compiled = []
+class Call:
+    def __init__(self, *args): pass
+    def to_proto(self, name, metadata): return name.encode()
+def kernel(*args):
+    compiled.append(args)
+    return args
+stand_in = dict(
+    get_compute_capability=lambda device: 90, get_serialized_metadata=lambda *a: b"",
+    TritonKernel=kernel, TritonKernelCall=Call, TritonAutotunedKernelCall=Call,
+    create_array_parameter=lambda *a: a, create_scalar_parameter=lambda *a: a)
+for name, value in stand_in.items():
+    setattr(gpu_triton, name, value)
+import jax_triton
+from pallas_pinned.kernels import gather_triton as gt, scatter_add_triton as at
+from pallas_pinned.kernels import scatter_triton as st, triton_common as tc
+host = lambda a: jax.device_put(a, jax.memory.Space.Host)
+x = host(jnp.ones((20, 8), jnp.float32))
+rows, updates = jnp.arange(5, dtype=jnp.int32), jnp.ones((5, 8))
+theirs = jax_triton.triton_lib._JAX_TO_TRITON_TYPE_MAP
+report = dict(series=tc.INSTALLED_SERIES, unusable=tc.JAX_TRITON_UNUSABLE,
+              types_match={str(t): theirs[t] for t in tc.TRITON_TYPES} == {
+                  str(t): n for t, n in tc.TRITON_TYPES.items()})
+ops = dict(scatter=(st.scatter_rows_triton, st.plan_scatter_rows),
+           add=(at.scatter_add_rows_triton, at.plan_scatter_add_rows),
+           gather=(gt.gather_rows_triton, gt.plan_gather_rows))
+for op, (function, plan) in ops.items():
+    if op == "gather":
+        traced = jax.jit(function).trace(x, rows, rows)
+    else:
+        run = lambda x, r, s, u, f=function: host(f(x, r, s, u))
+        traced = jax.jit(run, donate_argnums=0).trace(x, rows, rows, updates)
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    call = next(l for l in text.splitlines() if "custom_call @triton_kernel_call" in l)
+    main = next(l for l in text.splitlines() if "func.func public @main" in l)
+    ptx = tc.compile_for_target(plan((20, 8), "float32", 5), series=(0, 3)).asm["ptx"]
+    report[op] = dict(
+        operands=re.search(r"call\(([^)]*)\)", call).group(1).split(", "),
+        aliases=re.findall(r"operand_index = (\d+)", call),
+        arg0=main.partition("%arg1")[0], result=main.partition("->")[2],
+        same_ptx=ptx in compiled[-1])
+print(json.dumps(report))
+"""
 
 
-def test_triton_types_match_jax_triton():
+@_needs_series("0.3")
+def test_jax_triton_03_launch_lowers_in_place_on_the_host_buffer():
+    done = subprocess.run([sys.executable, "-c", _LOWER_03], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["series"] == [0, 3] and report["unusable"] is None, report
     # compile_for_target types pointers itself; it must agree with jax-triton.
-    theirs = jax_triton.triton_lib._JAX_TO_TRITON_TYPE_MAP
-    assert {t: theirs[t] for t in tc.TRITON_TYPES} == tc.TRITON_TYPES
+    assert report["types_match"], report
+    for op in ("scatter", "add"):  # rows, src, updates, the buffer: aliased to the result.
+        seen = report[op]
+        assert seen["operands"] == ["%arg1", "%arg2", "%arg3", "%arg0"], seen
+        assert seen["aliases"] == ["3"], seen
+        assert 'mhlo.memory_kind = "pinned_host"' in seen["arg0"], seen
+        assert "tf.aliasing_output = 0" in seen["arg0"], seen
+        assert 'mhlo.memory_kind = "pinned_host"' in seen["result"], seen
+    gather = report["gather"]
+    assert gather["aliases"] == [] and 'memory_kind = "pinned_host"' in gather["arg0"], gather
+    # What jax-triton compiled is what compile_for_target compiles.
+    assert all(report[op]["same_ptx"] for op in ("scatter", "add", "gather")), report
 
 
 class _Plugin:
@@ -87,11 +154,16 @@ class _Plugin:
         return ("scalar", value)
 
 
+_needs_04 = _needs_series("0.4")
+_OPS = {"scatter": (lambda: st.scatter_rows_triton, lambda: st.plan_scatter_rows),
+        "add": (lambda: at.scatter_add_rows_triton, lambda: at.plan_scatter_add_rows)}
+
+
 @pytest.fixture
 def plugin(monkeypatch):
     """Lets ``launch`` use the installed jax-triton 0.4 with a recording plugin."""
-    if tuple(jax_triton.__version_info__[:2]) != (0, 4):
-        pytest.skip(f"checks jax-triton 0.4; {jax_triton.__version__} is installed")
+    import jax_triton
+
     stand_in = _Plugin()
     monkeypatch.setattr(jax_triton.triton_lib, "triton_kernel_call_lib", stand_in)
     monkeypatch.setattr(tc, "jax_triton", jax_triton)
@@ -123,6 +195,7 @@ def _args(n=5, num_rows=20, d=8, dtype="float32"):
     return x, rows, jnp.arange(n, dtype=jnp.int32)[::-1], jnp.ones((n, d), dtype)
 
 
+@_needs_04
 @pytest.mark.parametrize("op", list(_OPS))
 def test_in_place_buffer_is_one_ref_aliased_in_host_memory(plugin, op):
     function, plan_of = (f() for f in _OPS[op])
@@ -149,6 +222,16 @@ def test_in_place_buffer_is_one_ref_aliased_in_host_memory(plugin, op):
     assert kernel[4] == ours.asm["ptx"]  # 0.4 hands jaxlib the PTX.
 
 
+@_needs_04
+def test_triton_types_match_jax_triton_04(plugin):
+    # compile_for_target types pointers itself; it must agree with jax-triton.
+    import jax_triton
+
+    theirs = jax_triton.triton_lib._JAX_TO_TRITON_TYPE_MAP
+    assert {t: theirs[t] for t in tc.TRITON_TYPES} == tc.TRITON_TYPES
+
+
+@_needs_04
 def test_the_ref_value_after_the_call_is_declared_in_device_memory(plugin):
     # What a 0.4 call gives back: the Ref lives in host memory, but reading
     # it after the call yields a device-typed value (as 0.3.1's declared
@@ -162,6 +245,7 @@ def test_the_ref_value_after_the_call_is_declared_in_device_memory(plugin):
     assert out.memory_space == jax.memory.Space.Device, out
 
 
+@_needs_04
 def test_gather_reads_the_host_buffer_into_a_fresh_device_array(plugin):
     x, rows, dest, _ = _args()
     module = _lower(gt.gather_rows_triton, x, rows, dest, donate=False)
@@ -173,6 +257,7 @@ def test_gather_reads_the_host_buffer_into_a_fresh_device_array(plugin):
     assert kernel[4] == ours.asm["ptx"]  # 0.4 hands jaxlib the PTX.
 
 
+@_needs_04
 def test_nothing_to_do_launches_nothing(plugin):
     x, _, _, _ = _args()
     empty = jnp.zeros((0,), jnp.int32)
@@ -184,6 +269,7 @@ def test_nothing_to_do_launches_nothing(plugin):
     assert plugin.kernels == []
 
 
+@_needs_04
 def test_launch_refuses_operands_its_plan_did_not_compile(plugin):
     plan = st.plan_scatter_rows((20, 8), "float32", 5)
     x, rows, src, updates = _args()
