@@ -20,34 +20,26 @@ from tests.benchmark_helpers import REPO, explain, records, run_cli
 # gather_add and tune
 
 
-def test_gather_add_checks_every_provider(tmp_path):
-    done = run_cli(["benchmarks.gather_add", "--cpu", "--quick", "--reps", "1",
-                    "--out", str(tmp_path)])
-    assert done.returncode == 0, explain(done)
-    found = records(tmp_path / "gather_add.json")
-    assert {r["provider"] for r in found} == {
-        "gather_ours", "gather_xla", "gather_ceiling", "set_ours", "add_ours", "add_xla"}
-    for r in found:
-        assert r["status"] == "ok" and r["correct"] is True, r
-
-
-_BROKEN_GATHER_ADD = """
+_GATHER_ADD = """
 import sys
 import jax
 import pallas_pinned as pp
 from benchmarks import gather_add
-# "add" that only sets: a wrong sum for every row that held a value.
+# Broken on purpose: an "add" that only sets, a wrong sum for every row that held a value.
 gather_add.JITTED["add_ours"] = jax.jit(lambda x, i, u: pp.scatter_to_host(x, i, u),
                                         donate_argnums=0)
 sys.exit(gather_add.main(["--cpu", "--quick", "--reps", "1", "--out", {out!r}]))
 """
 
 
-def test_gather_add_fails_on_a_wrong_add(tmp_path):
-    done = run_cli([], code=_BROKEN_GATHER_ADD.format(out=str(tmp_path)))
+def test_gather_add_checks_every_provider_and_fails_on_a_wrong_add(tmp_path):
+    done = run_cli([], code=_GATHER_ADD.format(out=str(tmp_path)))
     assert done.returncode == 1, explain(done)
     found = records(tmp_path / "gather_add.json")
-    assert all(r["correct"] is False for r in found if r["provider"] == "add_ours")
+    assert {r["provider"] for r in found} == {
+        "gather_ours", "gather_xla", "gather_ceiling", "set_ours", "add_ours", "add_xla"}
+    for r in found:
+        assert r["status"] == "ok" and r["correct"] is (r["provider"] != "add_ours"), r
     assert "INCORRECT: add_ours" in done.stdout
 
 
@@ -119,28 +111,27 @@ def test_zipf_ids_are_skewed_and_in_range():
     assert counts[0] > 50 * np.median(counts)  # one id far more popular than the median
 
 
-_BROKEN_SPARSE = """
-import sys
-import jax
-import pallas_pinned as pp
-from benchmarks import sparse_training as st
-# ours forgets the learning rate's sign: the table trains the wrong way.
-st.JITTED["ours"] = jax.jit(st._sgd_scan(pp.gather_from_host, pp.scatter_add_to_host, -0.5),
-                            donate_argnums=0)
-def boom(table, ids, targets):
-    raise ValueError("a provider that raises fails the run")
-st.JITTED["xla"] = jax.jit(boom)
-sys.exit(st.main(["--quick", "--cpu", "--repeats", "1", "--out", {out!r}]))
-"""
+def test_sparse_training_fails_on_a_wrong_table_or_an_error(tmp_path, monkeypatch, capsys):
+    import jax
 
+    import pallas_pinned as pp
 
-def test_sparse_training_fails_on_a_wrong_table_or_an_error(tmp_path):
-    done = run_cli([], code=_BROKEN_SPARSE.format(out=str(tmp_path)))
-    assert done.returncode == 1, explain(done)
+    # ours forgets the learning rate's sign: the table trains the wrong way.
+    wrong = sparse_training._sgd_scan(pp.gather_from_host, pp.scatter_add_to_host, -0.5)
+    monkeypatch.setitem(sparse_training.JITTED, "ours", jax.jit(wrong, donate_argnums=0))
+
+    def boom(table, ids, targets):
+        raise ValueError("a provider that raises fails the run")
+
+    monkeypatch.setitem(sparse_training.JITTED, "xla", jax.jit(boom))
+    # In this process: quick sizes (on the GPU where there is one, else the CPU).
+    assert sparse_training.main(["--quick", "--repeats", "1", "--out", str(tmp_path)]) == 1
+    stdout = capsys.readouterr().out
     found = {r["provider"]: r for r in records(tmp_path / "sparse_training.json")}
     assert found["ours"]["correct"] is False and found["ours"]["max_abs_diff_vs_device"] > 1e-3
     assert found["xla"]["status"] == "error" and "ValueError" in found["xla"]["error"]
-    assert "INCORRECT: ours" in done.stdout and "ERROR: xla" in done.stdout
+    assert found["device"]["status"] == "ok"
+    assert "INCORRECT: ours" in stdout and "ERROR: xla" in stdout
 
 
 # ---------------------------------------------------------------------------

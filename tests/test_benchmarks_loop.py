@@ -38,83 +38,10 @@ needs_index_grammar = pytest.mark.skipif(_index_grammar_missing(),
                                          reason="needs the index grammar")
 
 
-@pytest.fixture(scope="module")
-def loop_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("loop")
-    # One grid case (the default CPU grid's three cost three times the
-    # compilations) and every write pattern.
-    patterns = "none" if _index_grammar_missing() else ",".join(loop_patterns.PATTERN_OPS)
-    args = ["benchmarks.loop", "--cpu", "--out", str(out), "--steps", "8", "--runs", "2",
-            "--rows", str(GRID_CASE.rows), "--row-bytes", str(GRID_CASE.row_bytes),
-            "--patterns", patterns]
-    done = run_cli(args)
-    assert done.returncode == 0, explain(done)
-    return out, done.stdout
-
-
-def _loop(out: Path) -> dict:
-    return json.loads((out / "loop.json").read_text())
-
-
-def _expected_rows(backends: tuple[str, ...]) -> set[tuple[str, str]]:
-    ours = [p for p in PROVIDER_NAMES if p.startswith("ours")]
-    expected = {("baseline", "-"), ("xla_set", "-"), ("xla_add", "-"), ("xla_get", "-")}
-    return expected | {(p, b) for p in ours for b in ("auto", *backends)}
-
-
-def test_loop_records_every_provider(loop_run):
-    out, _ = loop_run
-    records = _loop(out)["records"]
-    rows = {(r["provider"], r["backend"]) for r in records if r["case"] == GRID_CASE.name}
-    assert rows == _expected_rows(())
-
-
-def test_loop_records_are_checked_and_consistent(loop_run):
-    out, _ = loop_run
-    records = _loop(out)["records"]
-    for r in records:
-        missing = [f for f in LOOP_FIELDS if f not in r]
-        assert not missing, (r["case"], r["provider"], missing)
-        assert r["status"] == "ok" and r["correct"] is True, r
-        assert 0 < r["us_min"] <= r["us_per_step"] <= r["us_max"], r
-        assert r["kernels_per_step"] >= 1, r
-        base = next(b for b in records if b["case"] == r["case"] and b["provider"] == "baseline")
-        assert r["op_cost_us"] == pytest.approx(r["us_per_step"] - base["us_per_step"])
-    meta = _loop(out)["meta"]
-    assert meta["jax"] and meta["jaxlib"] and meta["date_utc"] and meta["steps"] == 8
-
-
-def test_loop_prints_the_table_and_a_plot(loop_run):
-    out, stdout = loop_run
-    assert "ours/xla" in stdout and "kernels" in stdout
-    assert (out / "loop.png").exists() or "matplotlib is not installed" in stdout
-
-
-@needs_index_grammar
-def test_every_write_pattern_is_measured_against_xla(loop_run):
-    out, stdout = loop_run
-    records = [r for r in _loop(out)["records"] if r["case"] in PATTERN_NAMES]
-    for case in loop_patterns.CPU_PATTERNS:
-        rows = {(r["provider"], r["backend"]) for r in records if r["case"] == case.name}
-        assert rows == {("baseline", "-"), (f"xla_{case.op}", "-"), (f"ours_{case.op}", "auto")}
-        assert f" {case.op} " in stdout  # a line of the table
-    assert set(_loop(out)["meta"]["patterns"]) == PATTERN_NAMES
-
-
-def test_the_ring_case_wraps_and_the_others_do_not_repeat_rows():
-    import numpy as np
-
-    for case in loop_patterns.CPU_PATTERNS:
-        lengths0 = np.arange(case.shape[0]) % case.shape[1]
-        rows = [loop_patterns.written_rows(case, t, lengths0) for t in range(16)]
-        assert all(np.unique(r).size == case.rows for r in rows), case
-        wraps = any(r[0] > r[-1] for r in rows)
-        assert wraps == (case.op == "ring_wrap"), case  # the contiguous ring never straddles
-
-
-_BROKEN_LOOP = """
+# Providers broken on purpose: each must be caught (correct False, INCORRECT
+# printed, exit status 1) while every other row stays ok and correct.
+_LOOP = """
 import sys
-import jax.numpy as jnp
 from benchmarks import loop, loop_patterns, loop_steps
 right = loop_steps.write_fn
 def wrong(name, backend):
@@ -133,31 +60,90 @@ def wrong_ours(op, n, backend, x, where, values):
         where = (where + 1) % x.shape[1]
     return right_ours(op, n, backend, x, where, values)
 loop_patterns._ours = wrong_ours
-sys.exit(loop.main(["--cpu", "--out", {out!r}, "--no-plots", "--rows", "16",
-                    "--row-bytes", "8", "--steps", "4", "--runs", "1",
-                    "--backends", "interpret,pallas", "--patterns", {patterns!r}]))
+sys.exit(loop.main({argv!r}))
 """
+BROKEN = ("ours_set_unique", "ours_get", "ours_kv")
 
 
-def test_loop_backend_rows_and_wrong_results(tmp_path):
-    patterns = "none" if _index_grammar_missing() else "kv"
-    done = run_cli([], code=_BROKEN_LOOP.format(out=str(tmp_path), patterns=patterns))
-    assert done.returncode == 1, explain(done)
-    records = _loop(tmp_path)["records"]
-    grid = [r for r in records if r["case"] not in PATTERN_NAMES]
-    assert {(r["provider"], r["backend"]) for r in grid} == _expected_rows(
-        ("interpret", "pallas"))
+@pytest.fixture(scope="module")
+def loop_run(tmp_path_factory):
+    """One CPU run: one grid case (the default CPU grid's three cost three times the
+    compilations), every write pattern, pallas rows (skipped without a GPU)."""
+    out = tmp_path_factory.mktemp("loop")
+    patterns = "none" if _index_grammar_missing() else ",".join(loop_patterns.PATTERN_OPS)
+    argv = ["--cpu", "--out", str(out), "--steps", "6", "--runs", "2",
+            "--rows", str(GRID_CASE.rows), "--row-bytes", str(GRID_CASE.row_bytes),
+            "--patterns", patterns, "--backends", "pallas"]
+    done = run_cli([], code=_LOOP.format(argv=argv))
+    assert done.returncode == 1, explain(done)  # the broken providers fail the run
+    return out, done.stdout
+
+
+def _loop(out: Path) -> dict:
+    return json.loads((out / "loop.json").read_text())
+
+
+def _expected_rows(backends: tuple[str, ...]) -> set[tuple[str, str]]:
+    ours = [p for p in PROVIDER_NAMES if p.startswith("ours")]
+    expected = {("baseline", "-"), ("xla_set", "-"), ("xla_add", "-"), ("xla_get", "-")}
+    return expected | {(p, b) for p in ours for b in ("auto", *backends)}
+
+
+def test_loop_records_every_provider(loop_run):
+    out, _ = loop_run
+    records = _loop(out)["records"]
+    rows = {(r["provider"], r["backend"]) for r in records if r["case"] == GRID_CASE.name}
+    assert rows == _expected_rows(("pallas",))
+
+
+def test_loop_records_are_checked_and_consistent(loop_run):
+    out, _ = loop_run
+    records = _loop(out)["records"]
     for r in records:
+        missing = [f for f in LOOP_FIELDS if f not in r]
+        assert not missing, (r["case"], r["provider"], missing)
         if r["backend"] == "pallas":  # needs a GPU: skipped, not an error
             assert r["status"] == "skipped: needs a CUDA GPU", r
-        elif r["provider"] in ("ours_set_unique", "ours_get", "ours_kv"):  # broken on purpose
-            assert r["status"] == "ok" and r["correct"] is False, r
-        else:
-            assert r["status"] == "ok" and r["correct"] is True, r
-    assert "INCORRECT: ours_set_unique[auto]" in done.stdout
-    assert "INCORRECT: ours_get[interpret]" in done.stdout
-    if patterns == "kv":
-        assert "INCORRECT: ours_kv[auto]" in done.stdout
+            continue
+        assert r["status"] == "ok" and r["correct"] is (r["provider"] not in BROKEN), r
+        assert 0 < r["us_min"] <= r["us_per_step"] <= r["us_max"], r
+        assert r["kernels_per_step"] >= 1, r
+        base = next(b for b in records if b["case"] == r["case"] and b["provider"] == "baseline")
+        assert r["op_cost_us"] == pytest.approx(r["us_per_step"] - base["us_per_step"])
+    meta = _loop(out)["meta"]
+    assert meta["jax"] and meta["jaxlib"] and meta["date_utc"] and meta["steps"] == 6
+
+
+def test_loop_prints_the_table_and_a_plot(loop_run):
+    out, stdout = loop_run
+    assert "ours/xla" in stdout and "kernels" in stdout
+    assert (out / "loop.png").exists() or "matplotlib is not installed" in stdout
+    for name in BROKEN[:2]:
+        assert f"INCORRECT: {name}[auto]" in stdout
+
+
+@needs_index_grammar
+def test_every_write_pattern_is_measured_against_xla(loop_run):
+    out, stdout = loop_run
+    records = [r for r in _loop(out)["records"] if r["case"] in PATTERN_NAMES]
+    for case in loop_patterns.CPU_PATTERNS:
+        rows = {(r["provider"], r["backend"]) for r in records if r["case"] == case.name}
+        assert rows == {("baseline", "-"), (f"xla_{case.op}", "-"), (f"ours_{case.op}", "auto"),
+                        (f"ours_{case.op}", "pallas")}
+        assert f" {case.op} " in stdout  # a line of the table
+    assert "INCORRECT: ours_kv[auto]" in stdout  # writes one position too far
+    assert set(_loop(out)["meta"]["patterns"]) == PATTERN_NAMES
+
+
+def test_the_ring_case_wraps_and_the_others_do_not_repeat_rows():
+    import numpy as np
+
+    for case in loop_patterns.CPU_PATTERNS:
+        lengths0 = np.arange(case.shape[0]) % case.shape[1]
+        rows = [loop_patterns.written_rows(case, t, lengths0) for t in range(16)]
+        assert all(np.unique(r).size == case.rows for r in rows), case
+        wraps = any(r[0] > r[-1] for r in rows)
+        assert wraps == (case.op == "ring_wrap"), case  # the contiguous ring never straddles
 
 
 def test_loop_gpu_plan_runs_the_targets_first_within_budget():
