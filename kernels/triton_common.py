@@ -1,57 +1,45 @@
 """What the raw Triton kernels (launched through jax-triton) share.
 
-The Triton backend sits beside the Pallas one with the same contracts:
-:mod:`scatter_triton`, :mod:`gather_triton` and :mod:`scatter_add_triton`
-each hold an op's plan and public function, and the first two a
-``@triton.jit`` kernel (the add is the scatter kernel with ``ADD``).
-Upstream deprecated Pallas's Triton backend and Mosaic GPU has no host memory
-space; a plain Triton kernel called with ``triton_call`` keeps the ops alive
-and gives direct control of the host accesses (vector width, cache modifier,
-eviction policy). This module holds the rest, written once:
+The Triton backend sits beside the Pallas one with the same contracts (upstream
+deprecated Pallas's Triton backend, and Mosaic GPU has no host memory space):
+:mod:`scatter_triton` and :mod:`gather_triton` hold the kernels (the add of
+:mod:`scatter_add_triton` is the scatter kernel with ``ADD``), each op module
+its plan and public function. Written once here: the import guard (without
+triton, importing a kernel module raises an ImportError naming the extra;
+without jax-triton kernels still compile and launching raises it; where
+jax-triton cannot launch, NotImplementedError: :func:`check_can_launch`); the
+tiling and checks of :mod:`triton_tiling`, re-exported; the in-kernel
+:func:`tile_entries` and :func:`tile_mask`; :func:`plan_rows`, an op's shapes
+and dtypes made a :class:`TritonLaunch`, which :func:`launch` hands to
+``triton_call`` and :func:`compile_for_target` compiles ahead of time (so the
+PTX the tests read is the launched kernel's).
 
-* the import guard: without triton, importing a Triton kernel module raises
-  an ImportError naming the extra; without jax-triton they import (kernels
-  compile ahead of time) and launching raises it; where jax-triton cannot
-  launch, launching raises NotImplementedError (:func:`check_can_launch`);
-* :class:`TritonTiling`, its checks, :func:`choose_tiling` and the grid;
-  :func:`tile_entries`, :func:`tile_mask`;
-* :func:`plan_rows`, which turns an op's shapes and dtypes into a
-  :class:`TritonLaunch`, everything static about one launch, which
-  :func:`launch` hands to ``triton_call`` and :func:`compile_for_target`
-  compiles ahead of time (so the PTX the tests read is the launched kernel's).
-
-Every kernel sees a ``(num_rows, d)`` buffer ``x`` and a batch of ``n``
-entries, entry ``k`` pairing buffer row ``rows[k]`` with row ``partner[k]``
-of the other side (the update row for scatter and add, the output row for
-gather). The grid is ``(cdiv(n, block_rows), cdiv(d, block_cols))``: axis 0 is
-CUDA's ``x`` axis (up to 2**31 - 1 programs, so any batch fits), the column
-axis CUDA's ``y`` axis, limited to 65535 programs, which the tiling
-heuristics respect by widening the column block for absurdly wide rows.
+Every kernel sees a ``(num_rows, d)`` buffer ``x`` and ``n`` entries, entry
+``k`` pairing buffer row ``rows[k]`` with row ``partner[k]`` of the other side
+(the update row, or the gather's output row), on the grid
+``(cdiv(n, block_rows), cdiv(d, block_cols))`` (CUDA's ``x`` axis, then ``y``).
 
 Two jax-triton conventions, one kernel for both: a kernel's pointers are its
-operands' and then one for the result, which for an in-place op is the
-buffer ``x`` itself. jax-triton 0.3 passes ``x`` twice (as the aliased
-operand, which the kernel ignores, and as the output: the same memory); 0.4
-passes it once, as a ``jax.new_ref`` in the result's slot, and the operand
-slot gets a placeholder (:func:`launch`). In both the result comes back
-declared in device memory; callers ``device_put`` it to the host space.
+operands' and then the result's, for an in-place op the buffer ``x`` itself.
+jax-triton 0.3 passes ``x`` twice (as the aliased operand, which the kernel
+ignores, and as the output: the same memory); 0.4 passes it once, a
+``jax.new_ref`` in the result's slot, with a placeholder in the operand slot.
+Either way the result is declared in device memory; callers ``device_put`` it
+to the host space (:func:`launch`).
 
-Install with ``pip install "pallas-pinned[triton]"`` (jax-triton 0.3.1 and
-triton 3.6). Combinations and where they were tested:
+Install with ``pip install "pallas-pinned[triton]"`` (jax-triton 0.3.1, triton
+3.6). Combinations, and where they were tested:
 
-* jax-triton 0.3.1 + triton 3.6.0, jax 0.11.2: launched on an H200 (the GPU
-  tests).
-* jax-triton 0.3.1 + triton 3.6.0, jax 0.12.0.1 on CPU (CI): installs; it
-  refuses to import without CUDA, so kernels compile ahead of time for sm_90
-  (both signatures), and the launch lowers to StableHLO for CUDA with a
-  stand-in for jaxlib's CUDA Triton plugin, jax-triton compiling the very
-  PTX :func:`compile_for_target` gives. Not launched on a GPU with jax 0.12.
-* jax-triton 0.4.1 + triton 3.9.0 (0.4 needs triton >= 3.7), jax 0.12.0.1
-  on CPU (by hand; the same tests): installs and imports, the 0.4 launch
-  lowers the same way. It cannot launch with jax 0.12: 0.4.1's dead-code
-  rule takes the old arguments, so ``jit`` fails to lower it (unless with
-  ``keep_unused=True``), and :func:`check_can_launch` refuses it
-  (:data:`JAX_TRITON_UNUSABLE`).
+* jax-triton 0.3.1 + triton 3.6.0, jax 0.11.2: launched on an H200 (GPU tests).
+* jax-triton 0.3.1 + triton 3.6.0, jax 0.12.0.1, CPU (CI): 0.3.1 does not
+  import without CUDA; the kernels compile for sm_90 (both signatures) and
+  the launch lowers for CUDA with a stand-in for jaxlib's CUDA Triton plugin,
+  jax-triton compiling the very PTX of :func:`compile_for_target`.
+* jax-triton 0.4.1 + triton 3.9.0 (0.4 needs triton >= 3.7), jax 0.12.0.1,
+  CPU (by hand, same tests): imports, compiles, its launch lowers the same
+  way, but with jax 0.12 it cannot launch: 0.4.1's dead-code rule takes the
+  old arguments, so ``jit`` fails to lower it (``keep_unused=True`` aside);
+  :func:`check_can_launch` refuses it (:data:`JAX_TRITON_UNUSABLE`).
 """
 
 from __future__ import annotations
@@ -65,6 +53,19 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from .triton_tiling import (  # Re-exported: the kernel modules import them from here.
+    EVICTION_POLICIES,
+    LOAD_CACHE_MODIFIERS,
+    STORE_CACHE_MODIFIERS,
+    TritonTiling,
+    check_entries,
+    check_tiling,
+    check_updates,
+    choose_tiling,
+    grid,
+    tiling_for_tile_bytes,
+)
 
 INSTALL_HINT = 'pip install "pallas-pinned[triton]"'
 # The jax-triton release series whose triton_call conventions launch() speaks.
@@ -84,10 +85,6 @@ try:
     from triton.backends.compiler import GPUTarget
 except ImportError as err:
     raise _not_installed(err) from err
-
-
-def _series(module) -> tuple[int, int]:
-    return tuple(module.__version_info__[:2])
 
 
 def _why_04_cannot_launch(module) -> str | None:
@@ -131,7 +128,7 @@ except ImportError as err:
         # jaxlib without GPU support).
         JAX_TRITON_UNUSABLE = " ".join(str(err).split())
 else:
-    INSTALLED_SERIES = _series(jax_triton)
+    INSTALLED_SERIES = tuple(jax_triton.__version_info__[:2])
     if INSTALLED_SERIES not in JAX_TRITON_SERIES:
         # Another convention for aliased buffers; launching through it would
         # fail inside the lowering with an unrelated-looking error.
@@ -154,19 +151,6 @@ __all__ = [  # The kernel modules' shared parts; the ops import those modules, n
     "tiling_for_tile_bytes",
 ]
 
-# Cache modifiers Triton 3.6 accepts on loads and on stores, and eviction
-# policies (both); "" is the compiler's default. Which one helps PCIe traffic
-# to pinned memory is an open measurement, so they are settings of the tiling.
-LOAD_CACHE_MODIFIERS = ("", ".ca", ".cg", ".cv")
-STORE_CACHE_MODIFIERS = ("", ".wb", ".cg", ".cs", ".wt")
-EVICTION_POLICIES = ("", "evict_first", "evict_last")
-
-# CUDA grid limits: blockIdx.x up to 2**31 - 1, blockIdx.y up to 65535.
-MAX_ROW_PROGRAMS = 2**31 - 1
-MAX_COL_PROGRAMS = 65535
-# Triton refuses tensors of more elements than this.
-MAX_TILE_ELEMS = 1 << 20
-INDEX_DTYPES = (jnp.dtype(jnp.int32), jnp.dtype(jnp.int64))
 # Triton's name of each element type, as jax-triton 0.3.1 spells it when it
 # types the kernel's pointer arguments (bool is i1: one byte per element).
 TRITON_TYPES = {
@@ -191,141 +175,6 @@ def check_element_dtype(dtype, what: str) -> None:
         raise TypeError(
             f"the Triton kernels do not handle {what} of dtype {dtype}; supported: "
             + ", ".join(str(t) for t in TRITON_TYPES)
-        )
-
-
-def check_entries(x, rows, partner, *, partner_name: str) -> None:
-    """``x`` is 2-D, ``rows`` 1-D int32/int64, ``partner`` None or int32 like ``rows``."""
-    if x.ndim != 2:
-        raise ValueError(f"x must be 2-D (num_rows, d), got shape {x.shape}")
-    if rows.ndim != 1 or jnp.dtype(rows.dtype) not in INDEX_DTYPES:
-        raise TypeError(f"rows must be 1-D int32 or int64, got {rows.dtype}{rows.shape}")
-    if partner is not None and (partner.shape != rows.shape or partner.dtype != jnp.int32):
-        raise TypeError(
-            f"{partner_name} must be None or int32 of rows' shape {rows.shape}, "
-            f"got {partner.dtype}{partner.shape}"
-        )
-
-
-def check_updates(x, rows, src, updates, *, dtypes) -> None:
-    """``updates`` is ``(m, d)`` of one of ``dtypes``, with a row for each entry without ``src``."""
-    dtypes = tuple(dict.fromkeys(jnp.dtype(t) for t in dtypes))
-    shape_ok = updates.ndim == 2 and updates.shape[1] == x.shape[1]
-    if not shape_ok or jnp.dtype(updates.dtype) not in dtypes:
-        kinds = " or ".join(str(t) for t in dtypes)
-        raise ValueError(
-            f"updates must be (m, {x.shape[1]}) {kinds} like x's rows, "
-            f"got {updates.dtype}{updates.shape}"
-        )
-    if src is None and updates.shape[0] < rows.shape[0]:
-        raise ValueError(
-            f"without src, updates needs at least {rows.shape[0]} rows, got {updates.shape[0]}"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class TritonTiling:
-    """Static launch settings of a Triton row kernel.
-
-    ``block_rows`` and ``block_cols`` are powers of two. ``cache_modifier`` or
-    ``eviction_policy`` (at most one: PTX has one instruction form with a
-    cache operator, another with eviction priorities) go to the accesses of
-    the buffer ``x``; each op says which ones.
-    """
-
-    block_rows: int
-    block_cols: int
-    num_warps: int
-    cache_modifier: str = ""
-    eviction_policy: str = ""
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def tiling_for_tile_bytes(
-    n: int, d: int, itemsize: int, *, tile_bytes: int, max_col_block_bytes: int
-) -> TritonTiling:
-    """Power-of-two tile of about ``tile_bytes`` for ``n`` entries of ``d`` elements.
-
-    The column block covers a row up to ``max_col_block_bytes`` (wider rows
-    take several programs; over 65535 of them, wider blocks), then entries
-    fill the tile. One warp per 2 KiB of tile (8 x 16-byte accesses per
-    thread at most), 1 to 8: tiny tiles do not pay for idle warps.
-    """
-    d = max(d, 1)
-    block_cols = min(_next_pow2(d), max(1, max_col_block_bytes // itemsize))
-    block_cols = max(block_cols, _next_pow2(_cdiv(d, MAX_COL_PROGRAMS)))
-    rows_per_tile = max(1, tile_bytes // (block_cols * itemsize))
-    block_rows = min(_next_pow2(max(n, 1)), _next_pow2(rows_per_tile))
-    num_warps = min(8, _next_pow2(max(1, block_rows * block_cols * itemsize // 2048)))
-    return TritonTiling(block_rows, block_cols, num_warps)
-
-
-def choose_tiling(n: int, d: int, itemsize: int) -> TritonTiling:
-    """Tile sizes for ``n`` entries of ``d`` elements, for every op.
-
-    ``itemsize`` is the widest type the registers hold (for the add, the
-    accumulator's when wider). About 16 KiB of host accesses per program
-    keeps enough PCIe traffic in flight to cover its round-trip latency; a
-    column block covers a row up to 4 KiB. Results never depend on the
-    tiling; only speed does. Sizes: those of the Pallas kernels, a choice:
-    the H200 tiling sweep found tile shape and warp count changing nothing
-    beyond noise there, and the loop benchmark measured the scatter and the
-    add within 5 % of Pallas for 64 Ki-row batches
-    (benchmarks/results/loop_h200.json); the gather's speed against Pallas's
-    has not been measured yet.
-    """
-    return tiling_for_tile_bytes(n, d, itemsize, tile_bytes=16 * 1024, max_col_block_bytes=4096)
-
-
-def grid(n: int, d: int, tiling: TritonTiling) -> tuple[int, int]:
-    return _cdiv(n, tiling.block_rows), _cdiv(d, tiling.block_cols)
-
-
-def check_tiling(
-    tiling: TritonTiling, n: int, d: int, *, cache_modifiers: tuple[str, ...]
-) -> None:
-    """Raises ValueError for a tiling that Triton, ptxas or CUDA would refuse.
-
-    ``cache_modifiers`` are those the op's accesses of ``x`` accept
-    (:data:`LOAD_CACHE_MODIFIERS` or :data:`STORE_CACHE_MODIFIERS`).
-    """
-    for field in ("block_rows", "block_cols"):
-        value = getattr(tiling, field)
-        if not isinstance(value, int) or value < 1 or value & (value - 1):
-            raise ValueError(f"{field} must be a positive power of two, got {value!r}")
-    if tiling.num_warps not in (1, 2, 4, 8, 16, 32):
-        raise ValueError(f"num_warps must be a power of two in [1, 32], got {tiling.num_warps!r}")
-    if tiling.block_rows * tiling.block_cols > MAX_TILE_ELEMS:
-        raise ValueError(
-            f"tile {tiling.block_rows}x{tiling.block_cols} has more than {MAX_TILE_ELEMS} "
-            "elements, Triton's limit"
-        )
-    if tiling.cache_modifier not in cache_modifiers:
-        raise ValueError(
-            f"unknown cache_modifier {tiling.cache_modifier!r}; expected one of {cache_modifiers}"
-        )
-    if tiling.eviction_policy not in EVICTION_POLICIES:
-        raise ValueError(
-            f"unknown eviction_policy {tiling.eviction_policy!r}; "
-            f"expected one of {EVICTION_POLICIES}"
-        )
-    if tiling.cache_modifier and tiling.eviction_policy:
-        raise ValueError(
-            f"cache_modifier {tiling.cache_modifier!r} and eviction_policy "
-            f"{tiling.eviction_policy!r} cannot be combined; set at most one"
-        )
-    row_programs, col_programs = grid(n, d, tiling)
-    if row_programs > MAX_ROW_PROGRAMS or col_programs > MAX_COL_PROGRAMS:
-        raise ValueError(
-            f"grid {(row_programs, col_programs)} for {n} rows of {d} elements exceeds CUDA's "
-            f"limits {(MAX_ROW_PROGRAMS, MAX_COL_PROGRAMS)}; use larger blocks"
         )
 
 
@@ -398,20 +247,9 @@ class TritonLaunch:
 
 
 def plan_rows(
-    kernel,
-    op: str,
-    x_shape: tuple[int, int],
-    dtype,
-    num_entries: int,
-    *,
-    rows_dtype,
-    has_partner: bool,
-    data_dtypes: tuple,
-    in_place: bool,
-    cache_modifiers: tuple[str, ...],
-    tiling: TritonTiling | None,
-    itemsize: int | None = None,
-    **constexprs,
+    kernel, op: str, x_shape: tuple[int, int], dtype, num_entries: int, *, rows_dtype,
+    has_partner: bool, data_dtypes: tuple, in_place: bool, cache_modifiers: tuple[str, ...],
+    tiling: TritonTiling | None, itemsize: int | None = None, **constexprs,
 ) -> TritonLaunch:
     """The launch of one row kernel, from shapes and dtypes alone.
 
@@ -444,14 +282,9 @@ def plan_rows(
         # No buffer rows: every entry is out of range, nothing to launch.
         grid=grid(num_entries if num_rows else 0, row_width, tiling),
         constexprs=dict(
-            NUM_ENTRIES=num_entries,
-            NUM_ROWS=num_rows,
-            ROW_WIDTH=row_width,
-            BLOCK_ROWS=tiling.block_rows,
-            BLOCK_COLS=tiling.block_cols,
-            HAS_PARTNER=has_partner,
-            CACHE_MODIFIER=tiling.cache_modifier,
-            EVICTION_POLICY=tiling.eviction_policy,
+            NUM_ENTRIES=num_entries, NUM_ROWS=num_rows, ROW_WIDTH=row_width,
+            BLOCK_ROWS=tiling.block_rows, BLOCK_COLS=tiling.block_cols, HAS_PARTNER=has_partner,
+            CACHE_MODIFIER=tiling.cache_modifier, EVICTION_POLICY=tiling.eviction_policy,
             **constexprs,
         ),
     )
@@ -469,8 +302,8 @@ def check_installed() -> None:
 def check_can_launch() -> None:
     """ImportError without jax-triton; NotImplementedError where it cannot launch.
 
-    (A jaxlib without CUDA, a jax-triton release other than 0.3 or 0.4, or a
-    jax that jax-triton does not fit.)
+    (A jaxlib without CUDA, a jax-triton other than 0.3 or 0.4, or one that
+    does not fit this jax.)
     """
     check_installed()
     if jax_triton is None:
@@ -491,20 +324,17 @@ def _pointer_dtypes(plan: TritonLaunch, series: tuple[int, int]) -> tuple[jnp.dt
 def launch(plan: TritonLaunch, *operands: jax.Array | None) -> jax.Array:
     """Calls ``plan``'s kernel on ``operands`` through ``jax_triton.triton_call``.
 
-    Meant to be traced inside a CUDA ``jit``. A ``None`` operand (no
-    partner) is filled with the first operand, which the kernel then does not
-    read. Every operand keeps its own memory space, and the kernel gets its
-    raw pointer: an aliased operand in ``pinned_host`` memory is written over
-    PCIe in place (donate it, or XLA copies it first). jax-triton 0.3 gets
-    the aliased buffer as an operand and, through ``input_output_aliases``,
-    as the output; 0.4 gets it once, as a ``jax.new_ref`` in the output's
-    slot, with the first operand as a placeholder in its operand slot, and
-    the result is the Ref's value after the call. Either way (as with
-    ``pallas_call``) the result is declared in device memory; for an
-    aliased host buffer the caller ``device_put``s it to
-    ``jax.memory.Space.Host``, which XLA then keeps in place. An empty grid
-    or buffer launches nothing (CUDA refuses empty grids): the aliased
-    buffer comes back as it was, a fresh output as zeros.
+    Meant to be traced inside a CUDA ``jit``. A ``None`` operand (no partner)
+    is filled with the first, unread. Each operand keeps its memory space and
+    the kernel gets its raw pointer: an aliased ``pinned_host`` buffer is
+    written over PCIe in place (donate it, or XLA copies it first). jax-triton
+    0.3 gets it as an operand and, through ``input_output_aliases``, as the
+    output; 0.4 once, as a ``jax.new_ref`` in the output's slot (the first
+    operand stands in its operand slot), the result being the Ref's value
+    after the call. Either way (as with ``pallas_call``) the result is
+    declared in device memory: callers ``device_put`` an aliased host buffer
+    to ``jax.memory.Space.Host``, which XLA keeps in place. An empty grid or
+    buffer launches nothing: the aliased buffer comes back, or zeros.
     """
     check_can_launch()
     operands = tuple(operands[0] if a is None else a for a in operands)
@@ -518,20 +348,15 @@ def launch(plan: TritonLaunch, *operands: jax.Array | None) -> jax.Array:
         if aliased is not None:
             return operands[aliased]
         return jnp.zeros(plan.out_shape, plan.out_dtype)
-    settings = dict(
-        kernel=plan.kernel,
-        grid=plan.grid,
-        name=plan.name,
-        num_warps=plan.tiling.num_warps,
-        num_stages=1,  # No loop to pipeline.
-        **plan.constexprs,
+    settings = dict(  # num_stages=1: no loop to pipeline.
+        kernel=plan.kernel, grid=plan.grid, name=plan.name, num_warps=plan.tiling.num_warps,
+        num_stages=1, **plan.constexprs,
     )
     out = jax.ShapeDtypeStruct(plan.out_shape, plan.out_dtype)
     if INSTALLED_SERIES == (0, 3):
         aliases = None if aliased is None else {aliased: 0}
-        return jax_triton.triton_call(
-            *operands, out_shape=out, input_output_aliases=aliases, **settings
-        )
+        return jax_triton.triton_call(*operands, out_shape=out, input_output_aliases=aliases,
+                                      **settings)
     if aliased is None:
         return jax_triton.triton_call(*operands, out_type=out, **settings)
     buffer = jax.new_ref(operands[aliased])

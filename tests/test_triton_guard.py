@@ -36,7 +36,9 @@ if _NO_TRITON is None:
 
 needs_triton = pytest.mark.skipif(_NO_TRITON is not None, reason=_NO_TRITON or "")
 _HINT = re.escape('pip install "pallas-pinned[triton]"')
-_KERNEL_MODULES = ("triton_common", "scatter_triton", "gather_triton", "scatter_add_triton")
+_KERNEL_MODULES = (
+    "triton_common", "scatter_triton", "gather_triton", "scatter_add_triton", "triton_tiling",
+)
 
 
 def _jax_triton_missing() -> bool:
@@ -58,7 +60,7 @@ def _fresh_import(monkeypatch, name: str):
 
 
 def _fresh_modules(monkeypatch):
-    modules = [_fresh_import(monkeypatch, name) for name in _KERNEL_MODULES[1:]]
+    modules = [_fresh_import(monkeypatch, name) for name in _KERNEL_MODULES[1:4]]
     return (sys.modules["pallas_pinned.kernels.triton_common"], *modules)
 
 
@@ -72,7 +74,7 @@ def _small_calls(scatter, gather, add):
     }
 
 
-@pytest.mark.parametrize("name", _KERNEL_MODULES)
+@pytest.mark.parametrize("name", _KERNEL_MODULES[:4])
 def test_import_without_triton_names_the_extra(monkeypatch, name):
     # A None entry in sys.modules makes `import triton` fail as if not installed.
     monkeypatch.setitem(sys.modules, "triton", None)
@@ -93,6 +95,13 @@ del sys.modules["jax_triton"], sys.modules["pallas_pinned.kernels.triton_common"
 importlib.import_module("pallas_pinned.kernels.triton_common")
 print(json.dumps([without, pallas()]))
 """
+
+
+def test_tiling_needs_no_triton(monkeypatch):
+    # The tiling and operand checks import without the extra.
+    monkeypatch.setitem(sys.modules, "triton", None)
+    tiling = _fresh_import(monkeypatch, "triton_tiling")
+    assert tiling.choose_tiling(300, 128, 4) == tiling.TritonTiling(32, 128, 8)
 
 
 @needs_triton
