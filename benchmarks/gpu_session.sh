@@ -7,6 +7,9 @@
 # full ~6 [420 s], demo < 1 [200 s], gatheradd ~1 [200 s], loop ~5 [420 s],
 # sparse ~1 [240 s], tune ~3 [360 s], notebooks ~2 [200 s each]. The sum of the timeouts of
 # "tests loop sparse" is 16.5 min; of every stage ~51 min (more than one 30-minute lease).
+# Where one command may run 10 min at most, split the stages over calls whose timeouts fit:
+#   "tests sparse" (9.5 min), "loop" (7), "full" (7), "quick" (7), "gatheradd demo" (6.7),
+#   "tune" (6), "notebooks" (10).
 # LOOP_ARGS (default "--backends pallas,triton": the rows benchmarks.choose_backends reads,
 # gather included) is passed to the loop stage; SPARSE_ARGS to the sparse stage.
 # jax-triton is carried as a wheel in .whl/ (the machine has no registry).
