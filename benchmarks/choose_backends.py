@@ -1,18 +1,25 @@
-"""Writes the table ``backend="auto"`` picks its kernel backend from, out of a loop run.
+"""Writes the table ``backend="auto"`` picks its implementation from, out of a loop run.
 
     python -m benchmarks.choose_backends [benchmarks/results/loop_h200.json]
 
-For each op (set, add, gather), dtype and batch-size class, the per-step
-times of the ``ours_set`` / ``ours_add`` / ``ours_get`` rows measured with
-``backend="pallas"`` and with ``backend="triton"`` in the same run (``python
--m benchmarks.loop --backends pallas,triton`` on a GPU) are summed over the
-cases both measured.
-Triton is chosen only where it is faster by more than :data:`NOISE`; a closer
-result keeps Pallas (the one with the one-launch path for small sets).
+For each op (set, add, gather), dtype and size class (the run's row counts:
+a call of ``n`` entries falls in the smallest measured count ``>= n``), the
+per-step times of the kernel rows (``ours_set`` / ``ours_add`` / ``ours_get``
+measured with ``backend="pallas"`` and ``backend="triton"``, ``python -m
+benchmarks.loop --backends pallas,triton`` on a GPU) and of XLA's own
+formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
+
+* between the two kernels, summed over the class's cases, Triton only where
+  it is faster by more than :data:`NOISE` (a closer result keeps Pallas, the
+  one with the one-launch path for small sets);
+* the kernel is kept only where it is no slower than XLA in **every** case
+  of the class; anywhere else the class runs XLA's own path. So ``auto`` is
+  never slower than XLA in the run the table comes from (``xla`` entries make
+  ``auto`` run ``x.at[rows].<op>(y)`` itself).
+
 The table, with where it came from, goes to ``pallas_pinned/backend_table.json``,
-which the package ships. An op the source has no pallas/triton pairs for is
-listed under ``unmeasured`` (``auto`` then uses Pallas for it) and named in a
-warning.
+which the package ships. An op the source has no rows for is listed under
+``unmeasured`` (``auto`` then uses Pallas for it) and named in a warning.
 """
 
 from __future__ import annotations
@@ -28,39 +35,46 @@ DEFAULT_SOURCE = REPO / "benchmarks" / "results" / "loop_h200.json"
 # Repeated runs of one case spread by a few percent (benchmarks/results/loop_h200.json,
 # min/max per record): a smaller difference is not a measurement of which is faster.
 NOISE = 0.05
-PROVIDERS = {"ours_set": "set", "ours_add": "add", "ours_get": "gather"}
-OPS = tuple(PROVIDERS.values())
+PROVIDERS = {
+    "ours_set": "set", "ours_add": "add", "ours_get": "gather",
+    "xla_set": "set", "xla_add": "add", "xla_get": "gather",
+}
+OPS = ("set", "add", "gather")
 
 
-def size_class(rows: int, small_max: int) -> str:
-    return "small" if rows <= small_max else "large"
+def _usable(r: dict) -> bool:
+    return r.get("us_per_step") is not None and r.get("correct") is not False
 
 
-def choose(records: list[dict], small_max: int) -> dict:
+def choose(records: list[dict]) -> tuple[list[int], dict]:
+    """``(size_classes, choices)`` from a loop run's records."""
+    # (op, dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"xla": us}
     times = defaultdict(lambda: defaultdict(dict))
     for r in records:
-        if r.get("us_per_step") is None or r.get("backend") not in ("pallas", "triton"):
-            continue
         op = PROVIDERS.get(r["provider"])
-        if op is None or r.get("correct") is False:
+        if op is None or not _usable(r):
             continue
-        key = (op, r["dtype"], size_class(r["rows"], small_max))
-        times[key][(r["rows"], r["row_bytes"])][r["backend"]] = r["us_per_step"]
+        name = "xla" if r["provider"].startswith("xla_") else r.get("backend")
+        if name not in ("pallas", "triton", "xla"):
+            continue  # ours with backend="auto": what the table decides, not an input.
+        times[(op, r["dtype"], r["rows"])][(r["rows"], r["row_bytes"])][name] = r["us_per_step"]
+    classes = sorted({rows for (_, _, rows) in times})
     choices: dict = {}
-    for (op, dtype, size), cases in sorted(times.items()):
-        both = [c for c in cases.values() if "pallas" in c and "triton" in c]
-        if not both:
+    for (op, dtype, rows), cases in sorted(times.items()):
+        full = [c for c in cases.values() if {"pallas", "triton", "xla"} <= set(c)]
+        if not full:
+            full = [c for c in cases.values() if {"pallas", "xla"} <= set(c)]
+        if not full:
             continue
-        pallas = sum(c["pallas"] for c in both)
-        triton = sum(c["triton"] for c in both)
-        pick = "triton" if triton < pallas * (1 - NOISE) else "pallas"
-        choices.setdefault(op, {}).setdefault(dtype, {})[size] = {
-            "backend": pick,
-            "pallas_us": round(pallas, 1),
-            "triton_us": round(triton, 1),
-            "cases": len(both),
-        }
-    return choices
+        totals = {k: round(sum(c[k] for c in full), 1) for k in full[0]}
+        kernel = "pallas"
+        if "triton" in totals and totals["triton"] < totals["pallas"] * (1 - NOISE):
+            kernel = "triton"
+        kernel_wins = all(c[kernel] <= c["xla"] for c in full)
+        entry = {"backend": kernel if kernel_wins else "xla", "cases": len(full)}
+        entry.update({f"{k}_us": v for k, v in totals.items()})
+        choices.setdefault(op, {}).setdefault(dtype, {})[str(rows)] = entry
+    return classes, choices
 
 
 def main(argv=None) -> int:
@@ -69,29 +83,34 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=TABLE)
     args = parser.parse_args(argv)
     run = json.loads(args.source.read_text())
-    small_max = run["meta"]["thresholds"]["fused_max_updates"]
     meta = run["meta"]
+    classes, choices = choose(run["records"])
+    source = args.source.resolve()
     table = {
-        "source": str(args.source.relative_to(REPO) if args.source.is_relative_to(REPO)
-                      else args.source),
+        "source": str(source.relative_to(REPO) if source.is_relative_to(REPO) else source),
         "measured": {k: meta.get(k) for k in ("date_utc", "gpu_name", "jax", "triton",
                                              "jax_triton")},
-        "rule": f"triton only where faster by more than {NOISE:.0%}; else pallas",
-        "small_max_rows": small_max,
-        "choices": choose(run["records"], small_max),
+        "rule": (
+            f"per size class: the kernel (triton only where faster than pallas by more than "
+            f"{NOISE:.0%}) where it is no slower than XLA in every case; else xla"
+        ),
+        "size_classes": classes,
+        "choices": choices,
     }
-    table["unmeasured"] = [op for op in OPS if op not in table["choices"]]
+    table["unmeasured"] = [op for op in OPS if op not in choices]
     args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out} from {args.source}")
     for op in table["unmeasured"]:
-        print(f"  warning: {args.source} has no {op} rows timed with both pallas and triton: "
-              f"no {op} entry (auto uses Pallas); run python -m benchmarks.loop --backends "
+        print(f"  warning: {args.source} has no {op} rows timed with pallas and XLA: no {op} "
+              "entry (auto uses Pallas); run python -m benchmarks.loop --backends "
               "pallas,triton on a GPU")
-    for op, dtypes in table["choices"].items():
+    for op, dtypes in choices.items():
         for dtype, sizes in dtypes.items():
             for size, c in sizes.items():
-                times = f"pallas {c['pallas_us']} us, triton {c['triton_us']} us"
-                print(f"  {op} {dtype} {size}: {c['backend']} ({times}, {c['cases']} cases)")
+                times = ", ".join(f"{k[:-3]} {v} us" for k, v in sorted(c.items())
+                                  if k.endswith("_us"))
+                print(f"  {op} {dtype} <= {size} rows: {c['backend']} ({times}, "
+                      f"{c['cases']} cases)")
     return 0
 
 

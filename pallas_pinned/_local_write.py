@@ -85,6 +85,7 @@ class WriteCall:
             unique=self.unique,
             ascending=self.ascending,
             thresholds=self.thresholds,
+            normalized=self.row_mode != self.mode or self.plan.kind != "axis0",
         )
 
 

@@ -13,8 +13,13 @@ through to (tokamax's registry is the model):
   ``backend_table.json`` decides (written by ``python -m
   benchmarks.choose_backends`` from the loop benchmark; the file names its
   source); each must also be importable and able to launch here;
+* ``"xla_native"``: XLA's own formulation, ``x.at[rows].<op>(y)``; for a host
+  buffer XLA ships the data by DMA and applies it on the CPU, overlapped with
+  the next step. ``auto`` runs it where the table measured it faster than
+  the kernels (small float32 batches in a loop); its arithmetic is jnp's
+  (duplicates applied one after another);
 * ``"xla"``: the plain-jnp reference (``reference.py``, ``_host_xla.py``),
-  always available: the base implementation.
+  always available: the base implementation, and ``backend="xla"``.
 
 An explicit ``backend=`` names one kernel family and is honoured for every
 index form, or refused before anything runs with the reason
@@ -65,7 +70,7 @@ warnings.filterwarnings(
 
 KERNEL_BACKENDS = ("pallas", "triton", "interpret")
 IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
-    op: ("block", "pallas", "triton", "xla")
+    op: ("block", "pallas", "triton", "xla_native", "xla")
     for op in ("set", "add", "min", "max", "mul", "get")
 }
 
@@ -189,22 +194,32 @@ def _table() -> dict:
 
 
 def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None) -> str:
-    """The kernel backend the table measured faster ("pallas" where it says nothing).
+    """The implementation the table measured fastest: ``"pallas"``, ``"triton"`` or ``"xla"``.
 
-    min, max and mul read and write rows as add does: they follow add's entry.
+    The table lists, per op and dtype, size classes by their largest entry
+    count (``"size_classes"``); a call falls in the first class that holds it
+    (the last one beyond). Where the table says nothing: ``"pallas"``. min,
+    max and mul read and write rows as add does: they follow add's entries.
     """
     table = _table() if table is None else table
-    size = "small" if num_entries <= table["small_max_rows"] else "large"
     op = {"min": "add", "max": "add", "mul": "add", "get": "gather"}.get(op, op)
-    entry = table["choices"].get(op, {}).get(str(jnp.dtype(dtype)), {}).get(size)
+    entries = table["choices"].get(op, {}).get(str(jnp.dtype(dtype)), {})
+    bounds = table.get("size_classes", [])
+    bound = next((b for b in bounds if num_entries <= b), bounds[-1] if bounds else None)
+    entry = entries.get(str(bound))
     return entry["backend"] if entry else "pallas"
 
 
 def _auto_kernel(op: str, dtype, num_entries: int) -> str | None:
-    """``"pallas"``, ``"triton"`` or None (no kernel can run) for ``auto`` on CUDA."""
+    """``"pallas"``, ``"triton"``, ``"xla_native"``, or None (no kernel runs) for ``auto``."""
+    choice = measured_choice(op, dtype, num_entries)
+    sixteen_bit = jnp.dtype(dtype) in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+    if choice == "xla" and not (sixteen_bit and op in ("add", "mul")):
+        # (16-bit float sums and products keep our promise: formed in float32.)
+        return "xla_native"
     if not pallas_triton_usable():
         return _without_pallas_triton()
-    if measured_choice(op, dtype, num_entries) == "triton" and raw_triton_usable():
+    if choice == "triton" and raw_triton_usable():
         return "triton"
     return "pallas"
 
@@ -239,8 +254,9 @@ def choose(
     checked up front); for ``"xla"``, ``"block"`` where the index is a block,
     else ``"xla"``. ``"auto"`` walks the op's list: a block copy for a block
     in device memory (or on a host buffer with ``block_copy``, the measured
-    switch of :class:`tuning.Thresholds`), a kernel for a host buffer where
-    one can run, XLA otherwise. A kernel choice still runs XLA off CUDA
+    switch of :class:`tuning.Thresholds`); for a host buffer what the table
+    measured fastest (a kernel that can run here, or XLA's own formulation);
+    XLA otherwise. A kernel choice still runs XLA off CUDA
     (the caller wraps it in ``lax.platform_dependent``).
     """
     if backend in KERNEL_BACKENDS:
@@ -250,10 +266,10 @@ def choose(
     for name in IMPLEMENTATIONS[op]:
         if name == "block" and block_ok:
             return name
-        if name in ("pallas", "triton") and backend == "auto" and host:
-            kernel = _auto_kernel(op, x.dtype, num_entries)
-            if kernel is not None:
-                return kernel
+        if name in ("pallas", "triton", "xla_native") and backend == "auto" and host:
+            picked = _auto_kernel(op, x.dtype, num_entries)
+            if picked is not None:
+                return picked
         if name == "xla":
             return name
     raise AssertionError(f"no implementation of {op}")  # "xla" always serves.

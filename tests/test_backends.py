@@ -18,11 +18,12 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_pinned import _registry
+from pallas_pinned import _registry, _write_rows, tuning
 
 
 def _copy_kernel(x_ref, o_ref):
@@ -88,7 +89,7 @@ _ACCELERATED = textwrap.dedent(
     np.add.at(expected, idx, upd)
     print(json.dumps({
         "usable": _registry.pallas_triton_usable(),
-        "auto": _registry._auto_kernel("set", "float32", 4),
+        "auto": _registry._auto_kernel("set", "float32", 4096),
         "platform": jax.default_backend(),
         "kind": out.sharding.memory_kind,
         "buffer_ok": bool(np.allclose(np.asarray(out), expected, rtol=1e-6)),
@@ -145,22 +146,26 @@ def test_auto_follows_the_shipped_measured_table():
     assert shipped["source"] == "benchmarks/results/loop_h200.json"
     assert shipped["measured"]["gpu_name"] == "NVIDIA H200"
     run = json.loads((choose_backends.REPO / shipped["source"]).read_text())
-    small_max = run["meta"]["thresholds"]["fused_max_updates"]
-    assert choose_backends.choose(run["records"], small_max) == shipped["choices"]
+    classes, choices = choose_backends.choose(run["records"])
+    assert (classes, choices) == (shipped["size_classes"], shipped["choices"])
     for op, dtypes in shipped["choices"].items():
         for dtype, sizes in dtypes.items():
             for size, entry in sizes.items():
-                rows = 1 if size == "small" else shipped["small_max_rows"] + 1
-                assert _registry.measured_choice(op, dtype, rows) == entry["backend"]
-    assert _registry.measured_choice("gather", "float32", 10) == "pallas"  # Not measured.
+                assert _registry.measured_choice(op, dtype, int(size)) == entry["backend"]
+    # The same answer within a class: the smallest class that holds the count.
+    bounds = shipped["size_classes"]
+    for low, high in zip(bounds, bounds[1:], strict=False):
+        entry = shipped["choices"]["set"]["float32"].get(str(high))
+        if entry and high > low + 1:
+            assert _registry.measured_choice("set", "float32", low + 1) == entry["backend"]
 
 
 def test_auto_follows_a_table_that_says_triton(monkeypatch):
     # A table measured on another machine may prefer raw Triton; auto follows
     # it where raw Triton can launch, and falls through to Pallas where not.
     table = {
-        "small_max_rows": 4096,
-        "choices": {"set": {"float32": {"small": {"backend": "triton"}}}},
+        "size_classes": [4096, 65536],
+        "choices": {"set": {"float32": {"4096": {"backend": "triton"}}}},
     }
     monkeypatch.setattr(_registry, "_table", lambda: table)
     monkeypatch.setattr(_registry, "pallas_triton_usable", lambda: True)
@@ -169,7 +174,7 @@ def test_auto_follows_a_table_that_says_triton(monkeypatch):
     monkeypatch.setattr(_registry, "raw_triton_usable", lambda: True)
     assert _registry.choose("set", "rows", x, 4, "auto") == "triton"
     assert _registry.choose("add", "rows", x, 4, "auto") == "pallas"  # The table says nothing.
-    assert _registry.choose("set", "rows", x, 5000, "auto") == "pallas"  # "large": nothing.
+    assert _registry.choose("set", "rows", x, 5000, "auto") == "pallas"  # Nothing measured.
     # A block of a host buffer: kernel rows unless the block copy is switched on.
     assert _registry.choose("set", "block", x, 4, "auto") == "triton"
     assert _registry.choose("set", "block", x, 4, "auto", block_copy=True) == "block"
@@ -218,7 +223,7 @@ _BLOCKED = textwrap.dedent(
     expected = x0.copy(); expected[[1, 6, 0, 2]] = 1.0
     report["ok"] = bool((np.asarray(x) == expected).all()) and bool(
         (np.asarray(got) == expected[[6, 1]]).all())
-    report["auto"] = _registry._auto_kernel("set", "float32", 4)
+    report["auto"] = _registry._auto_kernel("set", "float32", 4096)
     report["warnings"] = [str(w.message) for w in caught if w.category is RuntimeWarning]
     report["pallas_loaded"] = any(m.startswith("jax.experimental.pallas.tr") for m in sys.modules)
     print(json.dumps(report))
@@ -255,3 +260,35 @@ def test_gpu_without_pallas_triton_auto_runs_raw_triton():
     pytest.importorskip("jax_triton")
     report = _run_blocked()
     assert report["ok"] and report["auto"] == "triton", report
+
+
+def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch):
+    # Size classes by their largest entry count; "xla" entries make auto run
+    # XLA's own x.at[rows].<op>(y), whose arithmetic is jnp's (duplicates one
+    # after another), checked bit for bit against jnp here.
+    table = {
+        "size_classes": [16, 4096],
+        "choices": {
+            "set": {"float32": {"16": {"backend": "xla"}, "4096": {"backend": "pallas"}}},
+            "add": {"float32": {"16": {"backend": "xla"}}},
+        },
+    }
+    monkeypatch.setattr(_registry, "_table", lambda: table)
+    assert _registry.measured_choice("set", "float32", 3) == "xla"
+    assert _registry.measured_choice("set", "float32", 17) == "pallas"
+    assert _registry.measured_choice("set", "float32", 10**6) == "pallas"  # Beyond: the last.
+    assert _registry.measured_choice("max", "float32", 3) == "xla"  # Follows add.
+    assert _registry.measured_choice("get", "float32", 3) == "pallas"  # Not measured.
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    x0 = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)
+    assert _registry.choose("add", "axis0", jax.device_put(x0, host), 5, "auto") == "xla_native"
+    # 16-bit float sums stay formed in float32 (the kernels), whatever the table says.
+    assert _registry._auto_kernel("add", "bfloat16", 5) != "xla_native"
+    # XLA's own formulation (run on CUDA; called directly here) is jnp's, bit for bit.
+    idx = jnp.asarray(np.array([1, 1, 1, -1, 9], np.int32))  # duplicates, negative, outside
+    upd = jnp.asarray(np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32) * 1e3)
+    for op, method in (("add", "add"), ("set", "set"), ("min", "min"), ("mul", "multiply")):
+        cfg = _write_rows.RowWrite(op, None, False, False, tuning.current())
+        got = _write_rows._xla_native(jax.device_put(x0, host), idx, upd, cfg)
+        want = getattr(jnp.asarray(x0).at[idx], method)(upd)
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), method

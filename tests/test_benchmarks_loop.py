@@ -170,26 +170,31 @@ def _row(provider, backend, rows, us, dtype="float32"):
 def test_choose_backends_covers_set_add_and_gather():
     records = [
         _row("ours_set", "pallas", 16, 10.0), _row("ours_set", "triton", 16, 20.0),
+        _row("xla_set", "-", 16, 12.0),
         _row("ours_add", "pallas", 4096, 50.0), _row("ours_add", "triton", 4096, 49.0),
+        _row("xla_add", "-", 4096, 40.0),
         _row("ours_get", "pallas", 16, 30.0), _row("ours_get", "triton", 16, 20.0),
-        _row("ours_get", "pallas", 4096, 90.0),  # no triton twin: not compared
-        _row("ours_get", "auto", 16, 1.0), _row("xla_get", "-", 16, 1.0),  # not candidates
+        _row("xla_get", "-", 16, 25.0),
+        _row("ours_get", "pallas", 4096, 90.0),  # no XLA twin: not compared
+        _row("ours_get", "auto", 16, 1.0),  # what the table decides: not a candidate
     ]
-    choices = choose_backends.choose(records, small_max=64)
-    assert choices["set"]["float32"]["small"]["backend"] == "pallas"
-    # 2 % faster is within the noise: Pallas stays.
-    assert choices["add"]["float32"]["large"]["backend"] == "pallas"
-    assert choices["gather"]["float32"]["small"] == {
-        "backend": "triton", "pallas_us": 30.0, "triton_us": 20.0, "cases": 1}
-    assert "large" not in choices["gather"]["float32"]
+    classes, choices = choose_backends.choose(records)
+    assert classes == [16, 4096]
+    assert choices["set"]["float32"]["16"]["backend"] == "pallas"  # faster than XLA
+    # 2 % faster is within the noise (Pallas stays), and XLA beats both: XLA.
+    assert choices["add"]["float32"]["4096"]["backend"] == "xla"
+    assert choices["gather"]["float32"]["16"] == {
+        "backend": "triton", "pallas_us": 30.0, "triton_us": 20.0, "xla_us": 25.0, "cases": 1}
+    assert "4096" not in choices["gather"]["float32"]
     wrong = [dict(r, correct=False) if r["provider"] == "ours_get" else r for r in records]
-    assert "gather" not in choose_backends.choose(wrong, small_max=64)
+    assert "gather" not in choose_backends.choose(wrong)[1]
 
 
 def test_choose_backends_names_an_unmeasured_op(tmp_path, capsys):
     source = tmp_path / "loop.json"
     meta = {"thresholds": {"fused_max_updates": 64}, "date_utc": "d", "gpu_name": "g"}
-    records = [_row("ours_set", "pallas", 16, 10.0), _row("ours_set", "triton", 16, 20.0)]
+    records = [_row("ours_set", "pallas", 16, 10.0), _row("ours_set", "triton", 16, 20.0),
+               _row("xla_set", "-", 16, 30.0)]
     source.write_text(json.dumps({"meta": meta, "records": records}))
     out = tmp_path / "table.json"
     assert choose_backends.main([str(source), "--out", str(out)]) == 0
