@@ -62,7 +62,10 @@ def _xla_get(x, i):
     # jax refuses a gather whose operands live in different memory spaces:
     # the indices go to host memory, the rows come back to the device.
     on_host = jax.device_put(i, jax.memory.Space.Host)
-    return jax.device_put(x[on_host], jax.memory.Space.Device)
+    # The barrier keeps XLA from moving later ops back across the copy (on the
+    # H200, jax 0.11.2, a reshape after it became a bitcast between memory
+    # spaces, which XLA refused; see pallas_pinned/_host_xla.py).
+    return lax.optimization_barrier(jax.device_put(x[on_host], jax.memory.Space.Device))
 
 
 def read_fn(name: str, backend: str) -> Callable:

@@ -14,7 +14,8 @@ SGD). ``--steps`` steps run in one jitted ``lax.scan`` whose carry is the
 table, donated to the call. Providers, in the same run, from the same initial
 table and the same ids and targets:
 
-* ``ours``: ``gather_from_host`` and ``scatter_add_to_host`` on the pinned table;
+* ``ours``: ``gather_from_host`` and ``scatter_add_to_host`` on the pinned table
+  (``backend="auto"``); ``ours_pallas``: the same with ``backend="pallas"``;
 * ``xla``: XLA's own path on the pinned table: ``table[ids]`` with the ids
   moved to host memory (jax refuses a gather whose operands live in different
   memory spaces) and the rows moved to the device, then ``table.at[ids].add``;
@@ -40,6 +41,7 @@ under ``--out``; exits 1 on an error or a difference over the tolerance.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -53,7 +55,9 @@ import pallas_pinned as pp
 from benchmarks import environment, report, timing
 
 MIB = 1 << 20
-PROVIDERS = ("device", "ours", "xla")  # the device table first: the reference
+# The device table first: the reference. "ours" is backend="auto" (what the
+# shipped table picks); "ours_pallas" forces the kernels for both ops.
+PROVIDERS = ("device", "ours", "ours_pallas", "xla")
 FULL = {"rows": 8 << 20, "dim": 64, "batch": 4096, "steps": 40, "repeats": 5}
 QUICK = {"rows": 1 << 14, "dim": 16, "batch": 256, "steps": 8, "repeats": 2}
 
@@ -87,13 +91,17 @@ def _sgd_scan(read, add, lr: float):
 
 def _xla_read(table, i):
     on_host = jax.device_put(i, jax.memory.Space.Host)
-    return jax.device_put(table[on_host], jax.memory.Space.Device)
+    # The barrier keeps XLA from moving the gradient's ops back across the copy
+    # (as pallas_pinned/_host_xla.py does for the same reason).
+    return lax.optimization_barrier(jax.device_put(table[on_host], jax.memory.Space.Device))
 
 
 def step_fns(lr: float) -> dict:
     """The jitted scan of each provider; the table (argument 0) is donated."""
     reads_adds = {
         "ours": (pp.gather_from_host, pp.scatter_add_to_host),
+        "ours_pallas": (functools.partial(pp.gather_from_host, backend="pallas"),
+                        functools.partial(pp.scatter_add_to_host, backend="pallas")),
         "xla": (_xla_read, lambda x, i, u: x.at[i].add(u)),
         "device": (lambda x, i: jnp.take(x, i, axis=0), lambda x, i, u: x.at[i].add(u)),
     }
