@@ -1,0 +1,264 @@
+"""``jax.ds(start, size)`` windows with static and traced starts, in loops, and the cache patterns.
+
+jnp treats a window whose start is out of range differently in reads and in
+writes, and a static start differently from a traced one: jnp is the oracle,
+case by case. ``"wrap"`` takes every position of the window modulo its axis
+(oracle: jnp with the window spelled as the array ``(start + arange(k)) % n``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pallas_pinned
+from tests.index_support import (
+    Batches,
+    assert_matches,
+    buffer_values,
+    case_ids,
+    case_rng,
+    check_case,
+    check_eager,
+    compile_fast,
+    describe,
+    jnp_call,
+    pinned,
+    pp_call,
+    update_values,
+    write_shape,
+)
+
+A = np.array
+S = slice
+MODES = [None, "drop", "fill", "clip", "promise_in_bounds", "wrap"]
+ALL = ("get", "set", "add")
+N, K = 7, 3  # The window's axis and its size.
+IN_RANGE = [0, 2, N - K]  # the last one at the edge
+OUT_OF_RANGE = [N - K + 1, N - 1, N, N + 5, -1, -K, -N, -N - 2]
+
+# Templates: a window on some axis of a (N, ...) buffer, next to other forms;
+# "@" marks where the window goes.
+TEMPLATES = [
+    ((N,), ("@",)),
+    ((N, 4), ("@",)),
+    ((4, N, 2), (1, "@")),
+    ((4, N, 2), (S(None), "@", 1)),
+    ((5, N), (A([4, 0, 4]), "@")),
+    ((N, 5, 3), ("@", S(None, None, -2), A([2, 0]))),
+    ((3, N, 4), (None, -1, "@", S(1, 3))),
+]
+
+
+def _with(template, window):
+    return tuple(window if isinstance(it, str) else it for it in template)
+
+
+@pytest.mark.parametrize("shape,template", TEMPLATES, ids=case_ids(TEMPLATES))
+def test_traced_start(shape, template):
+    # One compile for the op and one for jnp, every mode in each; the start an argument.
+    rng = case_rng(shape, describe(template))
+    a = buffer_values(rng, shape, np.float32)
+    v = update_values(rng, write_shape(a, _with(template, jax.ds(0, K)), None), np.float32)
+
+    def run(x, s, call):
+        idx = _with(template, jax.ds(s, K))
+        return {(str(mode), m): call(x, idx, m, None if m == "get" else v, mode=mode)
+                for mode in MODES for m in ALL}
+
+    ours = compile_fast(lambda x, s: run(x, s, pp_call), pinned(a), jnp.int32(0))
+    theirs = compile_fast(lambda x, s: run(x, s, jnp_call), a, jnp.int32(0))
+    wrong = []
+    for start in IN_RANGE + OUT_OF_RANGE:
+        got, expected = ours(pinned(a), jnp.int32(start)), theirs(a, jnp.int32(start))
+        for (mode, m), e in expected.items():
+            if mode == "promise_in_bounds" and start not in IN_RANGE:
+                continue  # unchecked: out-of-range windows are undefined
+            what = f"{m} x{shape}[{describe(_with(template, jax.ds(start, K)))}] mode={mode}"
+            try:
+                assert_matches(got[(mode, m)], e, what)
+            except AssertionError:
+                wrong.append(f"{what}: got {np.asarray(got[(mode, m)]).tolist()}, "
+                             f"jnp {np.asarray(e).tolist()}")
+    assert not wrong, f"{len(wrong)} disagreements with jnp (traced start):\n" + "\n".join(wrong)
+
+
+STATIC_STARTS = [((4, N, 2), (S(None), jax.ds(s, K))) for s in IN_RANGE + OUT_OF_RANGE]
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return Batches(ALL)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape,index", STATIC_STARTS, ids=case_ids(STATIC_STARTS))
+def test_static_start_jit(batches, shape, index, mode):
+    # A Python-int start: to jnp a slice, whose clamping differs from a traced start's.
+    if mode == "promise_in_bounds" and index[1].start not in IN_RANGE:
+        pytest.skip("promise_in_bounds is unchecked: out-of-range windows are undefined")
+    check_case(batches.case(STATIC_STARTS, shape, index, mode, modes=MODES), ALL)
+
+
+@pytest.mark.parametrize("mode", [None, "drop", "wrap"])
+@pytest.mark.parametrize("start", [2, N - 2, -1])
+def test_static_start_eager(rng, start, mode):
+    check_eager(rng, (4, N, 2), (S(None), jax.ds(start, K)), ALL, mode=mode)
+
+
+@pytest.mark.parametrize("mode", [None, "clip", "wrap"])
+def test_traced_start_interpret(rng, mode):
+    a = buffer_values(rng, (N, 4), np.float32)
+    v = update_values(rng, (K, 4), np.float32)
+
+    def f(x, s, at, **kw):
+        ref = at(x)[jax.ds(s, K)]
+        return [ref.get(mode=mode, **kw), ref.set(v, mode=mode, **kw),
+                ref.add(v, mode=mode, **kw)]
+
+    ours = jax.jit(lambda x, s: f(x, s, pallas_pinned.at, backend="interpret"))
+    theirs = jax.jit(lambda x, s: [jnp_call(x, jax.ds(s, K), m, None if m == "get" else v,
+                                            mode=mode) for m in ALL])
+    for s in (2, N - 1, -2):
+        for g, e, m in zip(ours(pinned(a), jnp.int32(s)), theirs(a, jnp.int32(s)), ALL,
+                           strict=True):
+            assert_matches(g, e, f"{m} ds({s},{K}) mode={mode} interpret")
+
+
+def test_concrete_jax_start_outside_jit(rng):
+    # A jax scalar as the start, outside jit (jnp itself takes it only under jit: the
+    # oracle runs jitted, the start an argument).
+    a = buffer_values(rng, (N, 3), np.float32)
+    v = update_values(rng, (K,), np.float32)
+    theirs = jax.jit(lambda a, s: [jnp_call(a, (jax.ds(s, K), 1), m,
+                                            None if m == "get" else v, mode="clip")
+                                   for m in ALL])
+    for s in (1, N - 1, -2):
+        start = jnp.int32(s)
+        for m, e in zip(ALL, theirs(a, start), strict=True):
+            ref = pallas_pinned.at(pinned(a))[jax.ds(start, K), 1]
+            g = ref.get(mode="clip") if m == "get" else getattr(ref, m)(v, mode="clip")
+            assert_matches(g, e, f"{m} [ds(jnp.int32({s}), {K}), 1] clip, outside jit")
+
+
+# --- loops ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["xla", "interpret"])
+def test_ring_insert_wraps_in_fori_loop(rng, backend):
+    # A ring of T slots; each step writes n rows at pos and moves on: the writes wrap.
+    T, n, F, steps = 10, 4, 3, 6
+    a = buffer_values(rng, (T, F), np.float32)
+    batches = jnp.asarray(update_values(rng, (steps, n, F), np.float32))
+
+    def body(i, carry, insert):
+        buf, pos = carry
+        return insert(buf, pos, batches[i]), (pos + n) % T
+
+    def ours(buf, pos, y):
+        return pallas_pinned.at(buf)[jax.ds(pos, n)].set(y, mode="wrap", backend=backend)
+
+    def theirs(buf, pos, y):
+        return buf.at[(pos + jnp.arange(n)) % T].set(y)
+
+    def loop(buf, insert):
+        return lax.fori_loop(0, steps, lambda i, c: body(i, c, insert), (buf, jnp.int32(3)))
+
+    got, got_pos = jax.jit(lambda b: loop(b, ours))(pinned(a))
+    expected, _ = jax.jit(lambda b: loop(b, theirs))(jnp.asarray(a))
+    assert got.sharding.memory_kind == "pinned_host"
+    assert_matches(got, expected, f"ring insert, {backend}")
+    assert int(got_pos) == (3 + steps * n) % T
+
+
+def test_scan_reads_and_writes_windows(rng):
+    # scan: each step reads a window at a traced start, scales it, and adds it back one row on.
+    T, F, k = 8, 2, 3
+    a = buffer_values(rng, (T, F), np.float32)
+
+    def step_with(get, add):
+        def step(buf, s):
+            window = get(buf, s)
+            return add(buf, s + 1, 2.0 * window), window.sum()
+        return step
+
+    ours = step_with(lambda b, s: pallas_pinned.at(b)[jax.ds(s, k)].get(mode="wrap"),
+                     lambda b, s, w: pallas_pinned.at(b)[jax.ds(s, k)].add(w, mode="wrap"))
+    theirs = step_with(lambda b, s: b[(s + jnp.arange(k)) % T],
+                       lambda b, s, w: b.at[(s + jnp.arange(k)) % T].add(w))
+    starts = jnp.array([0, 5, 7, -1, 2], jnp.int32)
+    got = jax.jit(lambda b: lax.scan(ours, b, starts))(pinned(a))
+    expected = jax.jit(lambda b: lax.scan(theirs, b, starts))(jnp.asarray(a))
+    assert_matches(got[0], expected[0], "scan buffer")
+    assert_matches(got[1], expected[1], "scan window sums")
+
+
+# --- the cache patterns --------------------------------------------------------
+
+
+def test_kv_cache_layer_positions(rng):
+    # kv.at[layer, positions].set(new): a traced layer, positions per token.
+    L, T, D = 3, 9, 4
+    a = buffer_values(rng, (L, T, D), np.float32)
+    new = update_values(rng, (5, D), np.float32)
+
+    def write(kv, layer, positions, at):
+        return at(kv)[layer, positions].set(new)
+
+    f = jax.jit(lambda kv, layer, p: write(kv, layer, p, pallas_pinned.at))
+    g = jax.jit(lambda kv, layer, p: write(kv, layer, p, lambda k: k.at))
+    for layer, positions in [(1, [0, 1, 2, 3, 4]), (-1, [8, 2, 5, 6, 7]), (0, [3, 3, 3, 3, 3])]:
+        args = (jnp.int32(layer), jnp.array(positions, jnp.int32))
+        assert_matches(f(pinned(a), *args), g(jnp.asarray(a), *args),
+                       f"kv[{layer}, {positions}].set")
+
+
+@pytest.mark.parametrize("backend", ["xla", "interpret"])
+def test_maxtext_decode_write_in_fori_loop(rng, backend):
+    # MaxText's decode step: cache.at[b, :, lengths[b], :].set(val[b]) for every sequence b.
+    B, H, T, D = 3, 2, 6, 4
+    a = buffer_values(rng, (B, H, T, D), np.float32)
+    val = jnp.asarray(update_values(rng, (B, H, D), np.float32))
+    lengths = jnp.array([0, 5, 2], jnp.int32)
+
+    def decode(cache, at, **kw):
+        def body(b, cache):
+            return at(cache)[b, :, lengths[b], :].set(val[b], **kw)
+        return lax.fori_loop(0, B, body, cache)
+
+    got = jax.jit(lambda c: decode(c, pallas_pinned.at, backend=backend))(pinned(a))
+    expected = jax.jit(lambda c: decode(c, lambda k: k.at))(jnp.asarray(a))
+    assert got.sharding.memory_kind == "pinned_host"
+    assert_matches(got, expected, f"decode write, {backend}")
+
+
+def test_flashbax_ring_of_time(rng):
+    # flashbax: x.at[:, (jnp.arange(seq) + idx) % T].set(batch) for a (B, T, F) buffer.
+    B, T, F, seq = 2, 7, 3, 4
+    a = buffer_values(rng, (B, T, F), np.float32)
+    batch = update_values(rng, (B, seq, F), np.float32)
+
+    def write(x, idx, at):
+        return at(x)[:, (jnp.arange(seq) + idx) % T].set(batch)
+
+    f = jax.jit(lambda x, i: write(x, i, pallas_pinned.at))
+    g = jax.jit(lambda x, i: write(x, i, lambda k: k.at))
+    for idx in (0, 3, 5, 6):
+        assert_matches(f(pinned(a), jnp.int32(idx)), g(jnp.asarray(a), jnp.int32(idx)),
+                       f"flashbax ring at {idx}")
+        # The same write as a wrapping window on axis 1.
+        h = pallas_pinned.at(pinned(a))[:, jax.ds(jnp.int32(idx), seq)].set(batch, mode="wrap")
+        assert_matches(h, g(jnp.asarray(a), jnp.int32(idx)), f"ds wrap ring at {idx}")
+
+
+def test_wrap_window_keeps_its_place(rng):
+    # A window between an int and a slice keeps its place under "wrap", as without it:
+    # the window is a slice to numpy's placement rules, not an index array.
+    a = buffer_values(rng, (3, N, 4), np.float32)
+    idx = (1, S(None), jax.ds(2, 2))
+    got = jax.jit(lambda x, s: pallas_pinned.at(x)[1, :, jax.ds(s, 2)].get(mode="wrap"))(
+        pinned(a), jnp.int32(3))
+    assert got.shape == jax.eval_shape(lambda a: jnp.asarray(a).at[idx].get(), a).shape

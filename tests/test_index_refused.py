@@ -1,0 +1,130 @@
+"""Forms the grammar refuses: they raise before anything runs, and ``x`` stays alive and unchanged.
+
+Outside jit the writes consume ``x`` as if donated, but only on success: after
+a refused call ``x.is_deleted()`` is False and its values are what they were.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_pinned
+from tests.index_support import buffer_values, describe, pinned
+
+A = np.array
+S = slice
+METHODS = ("get", "set", "add", "min", "max", "multiply", "mul")
+SHAPE = (4, 5, 3)
+
+# (index, the exception types jnp's own refusal would be among, what it is)
+REFUSED = [
+    (1.5, (TypeError, IndexError), "a float"),
+    ((0, 2.0), (TypeError, IndexError), "a float on axis 1"),
+    (A([1.0, 2.0]), (TypeError, IndexError), "a float array"),
+    ((S(None), A([0.5])), (TypeError, IndexError), "a float array on axis 1"),
+    (A([1 + 2j]), (TypeError, IndexError), "a complex array"),
+    ((0, 1, 2, 0), (IndexError,), "too many indices"),
+    ((..., 0, ...), (IndexError,), "two ellipses"),
+    (S(0.5, 2), (TypeError, IndexError), "a float slice bound"),
+    (S(0, 3, 0), (ValueError,), "a slice step of zero"),
+    (A([True, False, True, False]), (TypeError,), "a boolean mask"),
+    ((0, A([True, False, True, True, False])), (TypeError,), "a boolean mask on axis 1"),
+    (A([[True] * 5] * 4), (TypeError,), "a 2-D boolean mask"),
+    (True, (TypeError,), "a Python bool"),
+    ((S(None), np.bool_(False)), (TypeError,), "a numpy bool"),
+    ("0", (TypeError, IndexError), "a string"),
+    ((0, jax.ds(1.5, 2)), (TypeError, IndexError, ValueError), "a float ds start"),
+]
+
+
+def _call(x, index, method, **kw):
+    ref = pallas_pinned.at(x)[index]
+    if method == "get":
+        return ref.get(**kw)
+    return getattr(ref, method)(np.float32(-1.0), **kw)
+
+
+def _assert_untouched(x, a, what):
+    assert not x.is_deleted(), f"{what}: x was consumed by a refused call"
+    np.testing.assert_array_equal(np.asarray(x), a, err_msg=f"{what}: x changed")
+
+
+@pytest.mark.parametrize("index,errors,what", REFUSED, ids=[r[2] for r in REFUSED])
+def test_refused_outside_jit_leaves_x(rng, index, errors, what):
+    a = buffer_values(rng, SHAPE, np.float32)
+    x = pinned(a)
+    for method in METHODS:
+        with pytest.raises(errors):
+            _call(x, index, method)
+        _assert_untouched(x, a, f"{method} with {what} ({describe(index)})")
+    assert jax.block_until_ready(pallas_pinned.at(x)[0, 1].set(7.0))[0, 1, 0] == 7.0
+
+
+@pytest.mark.parametrize("index,errors,what", REFUSED[:6] + REFUSED[9:12],
+                         ids=[r[2] for r in REFUSED[:6] + REFUSED[9:12]])
+def test_refused_under_jit(rng, index, errors, what):
+    # Raised while tracing: nothing is compiled or run.
+    a = buffer_values(rng, SHAPE, np.float32)
+    for method in ("get", "set", "add"):
+        with pytest.raises(errors):
+            jax.jit(lambda x, m=method: _call(x, index, m))(pinned(a))
+
+
+def test_jnp_refuses_them_too():
+    # The refusals mirror jnp's (masks aside, which jnp takes eagerly and we never do).
+    x = jnp.zeros(SHAPE)
+    for index, errors, what in REFUSED:
+        if "bool" in what or "mask" in what or "ds" in what or "zero" in what:
+            continue
+        with pytest.raises(errors):
+            x.at[index].get()
+
+
+def test_traced_slice_bound_is_refused(rng):
+    a = buffer_values(rng, SHAPE, np.float32)
+    for method in ("get", "set", "add"):
+        with pytest.raises(IndexError, match="jax.ds"):
+            jax.jit(lambda x, s, m=method: _call(x, S(s, s + 2), m))(pinned(a), jnp.int32(1))
+    with pytest.raises(IndexError):  # jnp refuses it too
+        jax.jit(lambda x, s: x.at[s:s + 2].get())(a, jnp.int32(1))
+
+
+@pytest.mark.parametrize("method", METHODS[1:])
+def test_bad_values_leave_x(rng, method):
+    a = buffer_values(rng, SHAPE, np.float32)
+    x = pinned(a)
+    index = (A([0, 3]), S(None), A([2, 1]))  # selects shape (2, 5)
+    with pytest.raises(ValueError):
+        getattr(pallas_pinned.at(x)[index], method)(np.ones((3, 5), np.float32))
+    _assert_untouched(x, a, f"{method} with values of the wrong shape")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_unknown_mode_leaves_x(rng, method):
+    a = buffer_values(rng, SHAPE, np.float32)
+    x = pinned(a)
+    with pytest.raises(ValueError, match="mode"):
+        _call(x, (1, A([0, 2])), method, mode="nearest")
+    _assert_untouched(x, a, f"{method} with an unknown mode")
+
+
+def test_index_array_on_another_device_leaves_x(rng):
+    a = buffer_values(rng, SHAPE, np.float32)
+    x = pinned(a)
+    other = jax.device_put(A([0, 1]), jax.devices("cpu")[1])
+    for method in ("get", "set", "add"):
+        with pytest.raises(ValueError):
+            _call(x, (S(None), other), method)
+        _assert_untouched(x, a, f"{method} with indices on another device")
+
+
+def test_a_deleted_buffer_is_refused(rng):
+    a = buffer_values(rng, SHAPE, np.float32)
+    x = pinned(a)
+    y = pallas_pinned.at(x)[1, A([0, 2])].set(-1.0)
+    assert x.is_deleted() and not y.is_deleted()  # consumed on success, as if donated
+    with pytest.raises(ValueError, match="deleted"):
+        pallas_pinned.at(x)[0].get()
