@@ -117,7 +117,12 @@ def test_loop_records_are_checked_and_consistent(loop_run):
 def test_loop_prints_the_table_and_a_plot(loop_run):
     out, stdout = loop_run
     assert "ours/xla" in stdout and "kernels" in stdout
-    assert (out / "loop.png").exists() or "matplotlib is not installed" in stdout
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:  # else the run says it drew none
+        assert (out / "loop.png").exists(), stdout[-2000:]
+    else:
+        assert "no plot: matplotlib is not installed" in stdout
     for name in BROKEN[:2]:
         assert f"INCORRECT: {name}[auto]" in stdout
 
