@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import os
 import re
 import types
 import warnings
@@ -214,7 +215,7 @@ def _auto_kernel(op: str, dtype, num_entries: int) -> str | None:
     """``"pallas"``, ``"triton"``, ``"xla_native"``, or None (no kernel runs) for ``auto``."""
     choice = measured_choice(op, dtype, num_entries)
     sixteen_bit = jnp.dtype(dtype) in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-    if choice == "xla" and not (sixteen_bit and op in ("add", "mul")):
+    if choice == "xla" and xla_host_path_trusted() and not (sixteen_bit and op in ("add", "mul")):
         # (16-bit float sums and products keep our promise: formed in float32.)
         return "xla_native"
     if not pallas_triton_usable():
@@ -222,6 +223,23 @@ def _auto_kernel(op: str, dtype, num_entries: int) -> str | None:
     if choice == "triton" and raw_triton_usable():
         return "triton"
     return "pallas"
+
+
+@functools.cache
+def xla_host_path_trusted() -> bool:
+    """Whether ``auto`` may take XLA's own path for a host buffer where the table says so.
+
+    Only on the jax release the table was measured with: XLA's handling of
+    dynamic indices into host memory changes between releases (older ones
+    abort, 0.11 runs host compute), so elsewhere it is unmeasured and the
+    kernels serve. Never when XLA is told not to offload host compute
+    (``--xla_disable_automatic_host_compute_offload``), which that path needs.
+    """
+    measured = str(_table().get("measured", {}).get("jax") or "")
+    same_release = measured.split(".")[:2] == jax.__version__.split(".")[:2]
+    flags = os.environ.get("XLA_FLAGS", "")
+    disabled = re.search(r"xla_disable_automatic_host_compute_offload(=(true|1))?(\s|$)", flags)
+    return same_release and not disabled
 
 
 @functools.cache

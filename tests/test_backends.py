@@ -274,6 +274,7 @@ def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch
         },
     }
     monkeypatch.setattr(_registry, "_table", lambda: table)
+    monkeypatch.setattr(_registry, "xla_host_path_trusted", lambda: True)
     assert _registry.measured_choice("set", "float32", 3) == "xla"
     assert _registry.measured_choice("set", "float32", 17) == "pallas"
     assert _registry.measured_choice("set", "float32", 10**6) == "pallas"  # Beyond: the last.
@@ -292,3 +293,23 @@ def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch
         got = _write_rows._xla_native(jax.device_put(x0, host), idx, upd, cfg)
         want = getattr(jnp.asarray(x0).at[idx], method)(upd)
         assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), method
+
+
+def test_xla_s_own_path_is_trusted_only_on_the_measured_release(monkeypatch):
+    # XLA's handling of dynamic indices into host memory changes between
+    # releases (older ones abort): the table's xla entries count only on the
+    # release they were measured on, and never with host compute disabled.
+    def trusted(measured_jax, flags=""):
+        monkeypatch.setattr(_registry, "_table", lambda: {"measured": {"jax": measured_jax}})
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        _registry.xla_host_path_trusted.cache_clear()
+        try:
+            return _registry.xla_host_path_trusted()
+        finally:
+            _registry.xla_host_path_trusted.cache_clear()
+
+    assert trusted(jax.__version__)
+    assert not trusted("0.4.30")
+    assert not trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload=true")
+    assert not trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload")
+    assert trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload=false")
