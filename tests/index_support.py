@@ -58,11 +58,17 @@ def _is_array(it) -> bool:
     return isinstance(it, (np.ndarray, np.integer, jax.Array))
 
 
+def _is_ds(it) -> bool:
+    return type(it).__name__ == "Slice" and hasattr(it, "size")
+
+
 def split(index) -> tuple[Any, list]:
-    """The index with its arrays (numpy scalars included) taken out, and those arrays.
+    """The index with its arrays (numpy scalars and ``jax.ds`` starts included) taken out,
+    and those arrays.
 
     Under jit the arrays are passed as arguments (traced); lists, ints, slices,
-    ``None``, ``...`` stay static as written.
+    ``None``, ``...`` stay static as written, and so does a ``jax.ds`` whose
+    start is a Python int.
     """
     arrays = []
 
@@ -70,6 +76,9 @@ def split(index) -> tuple[Any, list]:
         if _is_array(it):
             arrays.append(np.asarray(it))
             return _Slot(len(arrays) - 1)
+        if _is_ds(it) and _is_array(it.start):
+            arrays.append(np.asarray(it.start))
+            return _DsSlot(len(arrays) - 1, it.size, it.stride)
         return it
 
     if isinstance(index, tuple):
@@ -77,8 +86,17 @@ def split(index) -> tuple[Any, list]:
     return take(index), arrays
 
 
+@dataclasses.dataclass(frozen=True)
+class _DsSlot:
+    k: int
+    size: int
+    stride: int
+
+
 def join(template, arrays):
     def put_back(it):
+        if isinstance(it, _DsSlot):
+            return jax.ds(arrays[it.k], it.size, it.stride)
         return arrays[it.k] if isinstance(it, _Slot) else it
 
     if isinstance(template, tuple):
@@ -87,10 +105,6 @@ def join(template, arrays):
 
 
 # --- the oracle ----------------------------------------------------------------
-
-
-def _is_ds(it) -> bool:
-    return type(it).__name__ == "Slice" and hasattr(it, "size")
 
 
 def wrapped(index, shape):
@@ -176,7 +190,8 @@ def describe(index) -> str:
     if isinstance(index, np.ndarray):
         return "a" + str(index.tolist()).replace(" ", "")
     if _is_ds(index):
-        return f"ds({index.start},{index.size})"
+        traced = "traced " if _is_array(index.start) else ""
+        return f"ds({traced}{index.start},{index.size})"
     return str(index).replace(" ", "")
 
 
@@ -202,7 +217,10 @@ def write_shape(a, index, mode) -> tuple:
     """The shape of the values a write takes: the whole selection, even where jnp's get
     would clamp a static ``jax.ds`` window like a slice (its filling read does not)."""
     mode = "fill" if mode in (None, "clip", "promise_in_bounds") else mode
-    return jax.eval_shape(lambda a: jnp_call(a, index, "get", mode=mode), a).shape
+    template, arrays = split(index)
+    return jax.eval_shape(
+        lambda a, arrays: jnp_call(a, join(template, arrays), "get", mode=mode), a, arrays
+    ).shape
 
 
 def check_eager(rng, shape, index, methods, *, backend="xla", mode=None, dtype=np.float32):
@@ -210,8 +228,10 @@ def check_eager(rng, shape, index, methods, *, backend="xla", mode=None, dtype=n
     a = buffer_values(rng, shape, dtype)
     values = {m: update_values(rng, write_shape(a, index, mode), dtype)
               for m in methods if m != "get"}
-    expected = run_jit(lambda a, v: {m: jnp_call(a, index, m, v.get(m), mode=mode)
-                                     for m in methods}, a, values)
+    template, arrays = split(index)  # jnp takes a jax.ds with an array start only traced
+    expected = run_jit(lambda a, v, arrays: {
+        m: jnp_call(a, join(template, arrays), m, v.get(m), mode=mode) for m in methods
+    }, a, values, arrays)
     for method in methods:
         what = f"{method} x{shape}[{describe(index)}] mode={mode} backend={backend} eager"
         got = pp_call(pinned(a), index, method, values.get(method), mode=mode, backend=backend)
@@ -275,10 +295,11 @@ def run_batch(cases: list[Case], methods, *, backend="xla") -> dict[str, Case]:
     so that the failure lands on its own test.
     """
     cases = [_prepare(c, methods) for c in cases]
-    expected = run_jit(lambda arrays, values: [
-        {m: jnp_call(a, c.index, m, v.get(m), mode=c.mode) for m in methods}
-        for c, a, v in zip(cases, arrays, values, strict=True)
-    ], [c.a for c in cases], [c.values for c in cases])
+    templates = [split(c.index) for c in cases]
+    expected = run_jit(lambda arrays, values, indices: [
+        {m: jnp_call(a, join(t[0], i), m, v.get(m), mode=c.mode) for m in methods}
+        for c, a, v, t, i in zip(cases, arrays, values, templates, indices, strict=True)
+    ], [c.a for c in cases], [c.values for c in cases], [t[1] for t in templates])
     try:
         got = _pp_traced(cases, methods, backend)
     except Exception:

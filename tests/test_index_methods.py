@@ -9,6 +9,8 @@ absent to ``hasattr``/``getattr`` and say so when called.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,12 +21,16 @@ from tests.index_support import (
     Case,
     assert_matches,
     buffer_values,
+    case_rng,
     check_case,
     describe,
     jnp_call,
+    join,
     pinned,
     pp_call,
     run_batch,
+    run_jit,
+    split,
 )
 
 A = np.array
@@ -74,7 +80,7 @@ def test_combining_methods_with_repeats_jit(repeats_batch, shape, index):
     check_case(repeats_batch[Case(shape, index).name], COMBINING)
 
 
-@pytest.mark.parametrize("backend,dtype", [("xla", np.float32), ("interpret", np.int32)])
+@pytest.mark.parametrize("backend,dtype", [("interpret", np.int32)])
 def test_combining_methods_with_repeats_eager(rng, backend, dtype):
     shape, index = (3, 4, 5), (A([0, 2, 0]), S(None, None, 2), A([-1, 2, -1]))
     a = buffer_values(rng, shape, dtype)
@@ -86,32 +92,45 @@ def test_combining_methods_with_repeats_eager(rng, backend, dtype):
                        f"{method} {describe(index)} {np.dtype(dtype).name} {backend}")
 
 
-LAST_WINS = [(*case, "xla") for case in REPEATS[:-1]] + [
-    (*case, "interpret") for case in REPEATS[2:-1:2]
-]
+LAST_WINS = REPEATS[:-1]
 
 
-@pytest.mark.parametrize("shape,index,backend", LAST_WINS,
-                         ids=[f"{s}-{describe(i)}-{b}" for s, i, b in LAST_WINS])
-def test_set_last_occurrence_wins(rng, shape, index, backend):
-    a = buffer_values(rng, shape, np.float32)
-    out_shape = np.arange(a.size).reshape(shape)[index].shape
-    values = (-1 - np.arange(np.prod(out_shape))).reshape(out_shape).astype(np.float32)
-    expected = _last_writer_wins(a, index, values)
-    got = pp_call(pinned(a), index, "set", values, backend=backend)
-    assert_matches(got, expected, f"set {describe(index)} {backend} (last wins)")
-    if backend == "xla":  # and under jit, the index traced
-        arrays = tuple(i for i in (index if isinstance(index, tuple) else (index,))
-                       if isinstance(i, np.ndarray))
-        template = index
+def _distinct_updates(shape, index):
+    out_shape = np.arange(math.prod(shape)).reshape(shape)[index].shape
+    return (-1 - np.arange(math.prod(out_shape))).reshape(out_shape).astype(np.float32)
 
-        def f(x, arrays):
-            it = iter(arrays)
-            idx = tuple(next(it) if isinstance(i, np.ndarray) else i
-                        for i in (template if isinstance(template, tuple) else (template,)))
-            return pallas_pinned.at(x)[idx if isinstance(template, tuple) else idx[0]].set(values)
 
-        assert_matches(jax.jit(f)(pinned(a), arrays), expected, f"set {describe(index)} jit")
+@pytest.fixture(scope="module")
+def sets_under_jit():
+    """Every LAST_WINS set in one jitted function, the index arrays traced."""
+    rng = case_rng("last wins")
+    buffers = [buffer_values(rng, shape, np.float32) for shape, _ in LAST_WINS]
+    splits = [split(index) for _, index in LAST_WINS]
+    values = [_distinct_updates(shape, index) for shape, index in LAST_WINS]
+
+    def run(xs, arrays):
+        return [pallas_pinned.at(x)[join(t, a)].set(v)
+                for x, (t, _), a, v in zip(xs, splits, arrays, values, strict=True)]
+
+    got = run_jit(run, [pinned(a) for a in buffers], [t[1] for t in splits])
+    return {describe(index): (got[k], _last_writer_wins(buffers[k], index, values[k]))
+            for k, (_, index) in enumerate(LAST_WINS)}
+
+
+@pytest.mark.parametrize("shape,index", LAST_WINS, ids=_ids(LAST_WINS))
+def test_set_last_occurrence_wins_jit(sets_under_jit, shape, index):
+    got, expected = sets_under_jit[describe(index)]
+    assert_matches(got, expected, f"set {describe(index)} jit (last wins)")
+
+
+@pytest.mark.parametrize("backend", ["xla", "interpret"])
+def test_set_last_occurrence_wins_eager(rng, backend):
+    for shape, index in (LAST_WINS[2], LAST_WINS[5]):
+        a = buffer_values(rng, shape, np.float32)
+        values = _distinct_updates(shape, index)
+        got = pp_call(pinned(a), index, "set", values, backend=backend)
+        assert_matches(got, _last_writer_wins(a, index, values),
+                       f"set {describe(index)} {backend} (last wins)")
 
 
 def test_multiply_of_many_duplicates_is_exact(rng):
@@ -145,8 +164,7 @@ FUNCTIONAL = {
 
 
 @pytest.mark.parametrize("index", [
-    (A([0, 2, 0]), S(None, None, 2), A([-1, 2, -1])),
-    (1, None, jax.ds(1, 2)),
+    (A([0, 2, 1]), S(None, None, 2), jax.ds(1, 2)),  # no repeats: jnp's set is the oracle
 ], ids=describe)
 def test_functional_forms_take_the_same_index(rng, index):
     shape = (3, 4, 5)
