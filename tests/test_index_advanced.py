@@ -80,6 +80,8 @@ OUT_OF_RANGE = [
     ((4, 3), (A([1, 4, -5]), A([-4, 3, 0]))), ((4, 3, 2), (S(None), A([[3, -4], [5, 0]]))),
     ((6, 4), (A([7, 1]), S(1, 3))), ((4, 5, 3), (A([0, 9]), S(None, None, 2), A([-7, 1]))),
     ((4, 6), (2, A([-7, 6, 11]))),
+    # a static window past either end next to an index array (jnp: a clamped window)
+    ((4, 3), (A([0, 1]), jax.ds(2, 2))), ((4, 3), (A([3, 1]), jax.ds(-1, 2))),
 ]
 MODES = [None, "drop", "fill", "clip", "wrap"]
 
