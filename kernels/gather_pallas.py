@@ -19,13 +19,11 @@ Operands (all prepared on the device by the caller):
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as plgpu
 
-from .pallas_common import RowTiling, call_row_kernel, choose_row_tiling, tile_lanes
+from .pallas_common import RowTiling, choose_row_tiling, launch_row_kernel, tile_lanes
 
 __all__ = ["gather_rows", "gather_rows_kernel"]
 
@@ -79,25 +77,17 @@ def gather_rows(
     interpret: bool = False,
 ) -> jax.Array:
     """Builds and calls the kernel; the ``(n, d)`` result is in device memory."""
-    num_rows, row_width = x.shape
     (num_gathers,) = rows.shape
-    tiling = tiling or choose_row_tiling(num_gathers, row_width, x.dtype.itemsize)
-    kernel = functools.partial(
+    tiling = tiling or choose_row_tiling(num_gathers, x.shape[1], x.dtype.itemsize)
+    return launch_row_kernel(
         gather_rows_kernel,
-        num_gathers=num_gathers,
-        num_rows=num_rows,
-        row_width=row_width,
-        block_rows=tiling.block_rows,
-        block_cols=tiling.block_cols,
-    )
-    return call_row_kernel(
-        kernel,
         (rows, dest, x),
-        out_shape=(num_gathers, row_width),
+        buffer_shape=x.shape,
         num_entries=num_gathers,
-        row_width=row_width,
         tiling=tiling,
+        out_shape=(num_gathers, x.shape[1]),
         alias_last=False,
         interpret=interpret,
         name="pallas_pinned_gather_rows",
+        num_gathers=num_gathers,
     )

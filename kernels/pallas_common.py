@@ -15,6 +15,7 @@ through its own pointer, over PCIe, and never copied.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -28,6 +29,7 @@ __all__ = [
     "RowTiling",
     "Tile",
     "call_row_kernel",
+    "launch_row_kernel",
     "choose_row_tiling",
     "next_pow2",
     "offsets_fit",
@@ -126,3 +128,35 @@ def call_row_kernel(
         interpret=interpret,
         name=name,
     )(*arrays)
+
+
+def launch_row_kernel(
+    kernel, operands, *, buffer_shape, num_entries, tiling, out_shape, alias_last, interpret,
+    name, **settings
+):
+    """Binds the kernel's addressing settings and launches it (:func:`call_row_kernel`).
+
+    ``kernel`` takes keyword-only ``num_rows``, ``row_width``, ``block_rows``
+    and ``block_cols`` (from ``buffer_shape`` and ``tiling``) plus its own
+    ``settings``.
+    """
+    num_rows, row_width = buffer_shape
+    body = functools.partial(
+        kernel,
+        num_rows=num_rows,
+        row_width=row_width,
+        block_rows=tiling.block_rows,
+        block_cols=tiling.block_cols,
+        **settings,
+    )
+    return call_row_kernel(
+        body,
+        operands,
+        out_shape=out_shape,
+        num_entries=num_entries,
+        row_width=row_width,
+        tiling=tiling,
+        alias_last=alias_last,
+        interpret=interpret,
+        name=name,
+    )

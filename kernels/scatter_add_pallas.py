@@ -13,13 +13,11 @@ the same row would lose one of the additions. ``updates`` may be of
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as plgpu
 
-from .pallas_common import RowTiling, call_row_kernel, choose_row_tiling, skip_row, tile_lanes
+from .pallas_common import RowTiling, choose_row_tiling, launch_row_kernel, skip_row, tile_lanes
 
 __all__ = ["scatter_add_rows", "scatter_add_rows_kernel"]
 
@@ -79,29 +77,21 @@ def scatter_add_rows(
 
     Traced inside a ``jit``: the result aliases ``x``.
     """
-    num_rows, row_width = x.shape
     (num_updates,) = rows.shape
     acc_dtype = jnp.dtype(x.dtype if acc_dtype is None else acc_dtype)
     itemsize = max(x.dtype.itemsize, updates.dtype.itemsize)
-    tiling = tiling or choose_row_tiling(num_updates, row_width, itemsize)
-    kernel = functools.partial(
+    tiling = tiling or choose_row_tiling(num_updates, x.shape[1], itemsize)
+    return launch_row_kernel(
         scatter_add_rows_kernel,
-        num_updates=num_updates,
-        num_rows=num_rows,
-        row_width=row_width,
-        block_rows=tiling.block_rows,
-        block_cols=tiling.block_cols,
-        check_bounds=check_bounds,
-        acc_dtype=acc_dtype,
-    )
-    return call_row_kernel(
-        kernel,
         (rows, src, updates, x),
-        out_shape=x.shape,
+        buffer_shape=x.shape,
         num_entries=num_updates,
-        row_width=row_width,
         tiling=tiling,
+        out_shape=x.shape,
         alias_last=True,
         interpret=interpret,
         name="pallas_pinned_scatter_add_rows",
+        num_updates=num_updates,
+        check_bounds=check_bounds,
+        acc_dtype=acc_dtype,
     )

@@ -20,7 +20,6 @@ Operands (all prepared on the device by the caller):
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +29,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from .pallas_common import (
     RowTiling,
-    call_row_kernel,
     choose_row_tiling,
+    launch_row_kernel,
     next_pow2,
     skip_row,
     tile_lanes,
@@ -90,28 +89,20 @@ def scatter_rows(
     interpret: bool = False,
 ) -> jax.Array:
     """Builds and calls the kernel. Traced inside a ``jit``: the result aliases ``x``."""
-    num_rows, row_width = x.shape
     (num_updates,) = rows.shape
-    tiling = tiling or choose_row_tiling(num_updates, row_width, x.dtype.itemsize)
-    kernel = functools.partial(
+    tiling = tiling or choose_row_tiling(num_updates, x.shape[1], x.dtype.itemsize)
+    return launch_row_kernel(
         scatter_rows_kernel,
-        num_updates=num_updates,
-        num_rows=num_rows,
-        row_width=row_width,
-        block_rows=tiling.block_rows,
-        block_cols=tiling.block_cols,
-        check_bounds=check_bounds,
-    )
-    return call_row_kernel(
-        kernel,
         (rows, src, updates, x),
-        out_shape=x.shape,
+        buffer_shape=x.shape,
         num_entries=num_updates,
-        row_width=row_width,
         tiling=tiling,
+        out_shape=x.shape,
         alias_last=True,
         interpret=interpret,
         name="pallas_pinned_scatter_rows",
+        num_updates=num_updates,
+        check_bounds=check_bounds,
     )
 
 
@@ -220,25 +211,18 @@ def scatter_rows_fused(
     tiling = dataclasses.replace(
         tiling, block_rows=min(tiling.block_rows, _MAX_FUSED_BLOCK_ROWS)
     )
-    kernel = functools.partial(
+    return launch_row_kernel(
         scatter_rows_fused_kernel,
-        num_updates=num_updates,
-        num_rows=num_rows,
-        row_width=row_width,
-        block_rows=tiling.block_rows,
-        block_cols=tiling.block_cols,
-        chunk=min(_MAX_CHUNK, next_pow2(num_updates)),
-        mode=mode,
-        drop_superseded=drop_superseded,
-    )
-    return call_row_kernel(
-        kernel,
         (indices, updates, x),
-        out_shape=x.shape,
+        buffer_shape=x.shape,
         num_entries=num_updates,
-        row_width=row_width,
         tiling=tiling,
+        out_shape=x.shape,
         alias_last=True,
         interpret=interpret,
         name="pallas_pinned_scatter_rows_fused",
+        num_updates=num_updates,
+        chunk=min(_MAX_CHUNK, next_pow2(num_updates)),
+        mode=mode,
+        drop_superseded=drop_superseded,
     )

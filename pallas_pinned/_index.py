@@ -78,6 +78,8 @@ class IndexPlan:
     lead: int  # buffer axes that become rows
     kind: str  # "axis0", "block" or "rows"
     index_shape: tuple[int, ...]
+    advanced_together: bool = False  # numpy's rule: the advanced axes stay in place
+    ds_read_wraps: bool = True  # jnp reads a negative ds start wrapped (its dynamic-slice path)
     unique: bool = False  # the form itself guarantees distinct positions
     ascending: bool = False  # ... in ascending address order (a ring: but for one jump)
 
@@ -123,7 +125,9 @@ class IndexPlan:
             if item.kind == "new":
                 continue
             dim = self.shape[item.axis]
-            pos, ok = _positions(item, operands, dim, mode, read=read, wide=wide)
+            pos, ok = _positions(
+                item, operands, dim, mode, read=read, wide=wide, wraps=self.ds_read_wraps
+            )
             pos = jnp.reshape(pos, where(pos.shape))
             total = total + pos * jnp.asarray(stride, wide)
             if ok is not None:
@@ -138,7 +142,7 @@ class IndexPlan:
         ndim = len(self.index_shape)
         adv = [k for k, item in enumerate(self.items) if item.advanced]
         group = _broadcast_rank(self.items)
-        together = bool(adv) and adv[-1] - adv[0] + 1 == len(adv)
+        together = self.advanced_together
         dims, next_dim = [], group if adv and not together else 0
         for k, item in enumerate(self.items):
             if item.advanced:
@@ -181,12 +185,19 @@ class IndexPlan:
                 sizes.append(dim if item is None else item.length(dim))
                 continue
             size = item.length(dim) if item.kind == "ds" else 1
+            if item.kind == "ds" and size == dim and mode != "wrap":
+                starts.append(0)  # As long as its axis: the start is ignored (see _positions).
+                sizes.append(size)
+                continue
             static = item.operand is None
             xp = _PY if static else jnp
             start = item.value if static else _start_of(item, operands, wide)
             # jnp wraps negative ints once; reads wrap ds starts too, except in
             # the filling modes, which judge the window as given.
-            if item.kind == "int" or (read and mode not in ("fill", "drop")):
+            wraps = item.kind == "int" or (
+                read and mode not in ("fill", "drop") and self.ds_read_wraps
+            )
+            if wraps:
                 start = xp.where(start < 0, start + dim, start)
             if mode == "wrap":
                 start = xp.mod(start, dim)
@@ -226,7 +237,7 @@ def _widen(a, wide):
     return a.astype(wide)
 
 
-def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide):
+def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps: bool = True):
     """``(positions, ok)`` along one axis; ``ok`` None when every position is valid."""
     if item.kind == "slice":
         return jnp.asarray(np.arange(*item.static), wide), None
@@ -237,9 +248,14 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide):
         steps = jnp.asarray(np.arange(size) * stride, wide)
         if mode == "wrap":
             return jnp.mod(start + steps, dim), None
+        if span == dim:
+            # A window as long as its axis: XLA (so jnp) ignores its start,
+            # in every mode: the whole axis, never dropped or filled.
+            return steps, None
         if read and mode not in ("fill", "drop"):
-            start = jnp.clip(jnp.where(start < 0, start + dim, start), 0, dim - span)
-            return start + steps, None
+            if wraps:
+                start = jnp.where(start < 0, start + dim, start)
+            return jnp.clip(start, 0, dim - span) + steps, None
         if mode == "clip":  # A write: the window is shifted inside, never wrapped.
             return jnp.clip(start, 0, dim - span) + steps, None
         fits = (start >= 0) & (start <= dim - span)

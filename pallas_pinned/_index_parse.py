@@ -97,7 +97,12 @@ def _slice_bound(part: Any, whole: slice) -> int | None:
     return int(part)
 
 
-def _expand(index: Any, ndim: int) -> list:
+def _expand(index: Any, ndim: int) -> tuple[list, int | None]:
+    """The index as one entry per axis (plus None), and where an ellipsis stood.
+
+    numpy takes advanced indices with an ellipsis between them as apart even
+    when the ellipsis stands for no axis, so its position is kept.
+    """
     items = list(index) if isinstance(index, tuple) else [index]
     ellipses = [k for k, it in enumerate(items) if it is Ellipsis]
     if len(ellipses) > 1:
@@ -110,38 +115,59 @@ def _expand(index: Any, ndim: int) -> list:
     fill = [slice(None)] * (ndim - consuming)
     if ellipses:
         k = ellipses[0]
-        return items[:k] + fill + items[k + 1 :]
-    return items + fill
+        return items[:k] + fill + items[k + 1 :], k
+    return items + fill, None
 
 
 def parse(
-    index: Any, shape: tuple[int, ...], mode: str | None = None, *, min_lead: int = 0
+    index: Any,
+    shape: tuple[int, ...],
+    mode: str | None = None,
+    *,
+    read: bool = False,
+    min_lead: int = 0,
 ) -> tuple[IndexPlan, tuple]:
     """The plan of ``x.at[index]`` for a buffer of ``shape``, and its dynamic operands.
 
-    ``min_lead``: at least this many leading axes become rows (the sharded
-    layer needs axis 0 among them).
+    ``read``: the index is for ``get``. jnp reads an index that is static
+    throughout as a static slice, a ``jax.ds`` with a static start as the
+    Python slice ``start:start + size:stride`` (clamped like any slice),
+    except in the filling modes (and ours, ``"wrap"``); it reads one without
+    index arrays or strided slices as a dynamic slice, whose negative ``jax.ds``
+    starts wrap once (IndexPlan.ds_read_wraps); any other through a gather,
+    whose window starts are only clamped. ``min_lead``: at least this
+    many leading axes become rows (the sharded layer needs axis 0 among them).
     Raises TypeError, IndexError or ValueError for forms jnp refuses or that
     are not supported (boolean masks, traced slice bounds), before anything runs.
     """
     shape = tuple(int(d) for d in shape)
-    if not shape:
-        raise ValueError(f"x must have at least one axis to index, got shape {shape}")
     items, operands, axis = [], [], 0
-    for it in _expand(index, len(shape)):
+    expanded, ellipsis_at = _expand(index, len(shape))
+    # jnp reads an all-static index as a static slice, where a jax.ds with a
+    # static start is the Python slice start:start + size:stride.
+    all_static = all(
+        it is None or isinstance(it, (slice, int, np.integer))
+        or (_is_ds(it) and not _is_array(it.start) and not _is_array(it.size))
+        for it in expanded
+    )
+    static_ds_as_slice = read and all_static and mode not in ("fill", "drop", "wrap")
+    for it in expanded:
         if it is None:
             items.append(Item("new"))
             continue
-        items.append(_item(it, axis, shape[axis], operands))
+        items.append(_item(it, axis, shape[axis], operands, static_ds_as_slice=static_ds_as_slice))
         axis += 1
-    plan = _plan(shape, items, mode, min_lead)
+    plan = _plan(shape, items, mode, min_lead, ellipsis_at)
     if plan.kind == "axis0" and plan.items[0].kind == "slice":
         operands = [np.arange(*plan.items[0].static, dtype=index_dtype())]
     return plan, tuple(operands)
 
 
-def _item(it: Any, axis: int, dim: int, operands: list) -> Item:
+def _item(it: Any, axis: int, dim: int, operands: list, *, static_ds_as_slice=False) -> Item:
     """One index entry on ``axis`` (length ``dim``); array operands are appended."""
+    if _is_ds(it) and static_ds_as_slice and not _is_array(it.start) and not _is_array(it.size):
+        start, size = _static_int(it.start, "a ds start"), _static_int(it.size, "a ds size")
+        it = slice(start, start + size, _static_int(it.stride, "a ds stride"))
     if isinstance(it, slice):
         it = slice(*(_slice_bound(part, it) for part in (it.start, it.stop, it.step)))
         if it.step == 0:
@@ -170,7 +196,7 @@ def _item(it: Any, axis: int, dim: int, operands: list) -> Item:
     return Item("int", axis, value=min(max(_static_int(it, "an index"), info.min), info.max))
 
 
-def _plan(shape, items, mode, min_lead: int = 0) -> IndexPlan:
+def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None) -> IndexPlan:
     # Trailing whole-axis slices become the row; everything up to the last
     # other item indexes rows.
     def whole(item):
@@ -185,7 +211,8 @@ def _plan(shape, items, mode, min_lead: int = 0) -> IndexPlan:
     adv = [k for k, item in enumerate(lead_items) if item.advanced]
     group = np.broadcast_shapes(*[item.shape for item in lead_items if item.advanced])
     basic = [item.length(shape[item.axis] if item.axis >= 0 else 1) for item in lead_items]
-    together = bool(adv) and adv[-1] - adv[0] + 1 == len(adv)
+    apart = ellipsis_at is not None and bool(adv) and adv[0] < ellipsis_at <= adv[-1]
+    together = bool(adv) and adv[-1] - adv[0] + 1 == len(adv) and not apart
     if not adv:
         index_shape = tuple(basic)
     elif together:
@@ -219,12 +246,21 @@ def _plan(shape, items, mode, min_lead: int = 0) -> IndexPlan:
             "counts; enable jax_enable_x64 or index fewer axes at once"
         )
     steps_up = all(item.kind != "slice" or item.static[2] > 0 for item in lead_items)
+    # jnp's dynamic-slice path (what wraps a negative ds start on a read):
+    # no index arrays, unit-step slices and windows only.
+    dynamic_slice_path = not arrays and all(
+        (item.kind != "slice" or item.static[2] in (1, -1))
+        and (item.kind != "ds" or item.static[1] == 1)
+        for item in items
+    )
     return IndexPlan(
         shape=shape,
         items=lead_items,
         lead=lead,
         kind=kind,
         index_shape=index_shape,
+        advanced_together=together,
+        ds_read_wraps=dynamic_slice_path,
         unique=not arrays,
         # A ring's rows ascend but for one jump back to row 0: as good an
         # address order as any (only speed depends on it: positions are unique).

@@ -85,6 +85,8 @@ def read_traced(x, operands, call: ReadCall):
     if x.size == 0:  # An indexed axis is empty: only fill modes get here (checked up front).
         fill = call.fill_value(x.dtype)
         return jax.device_put(lax.full(out_shape, fill, x.dtype), _DEVICE)
+    # Index arrays may live in host memory; the row arithmetic runs on the device.
+    operands = jax.tree.map(_placement.to_device_memory, operands)
     impl = _registry.choose(
         "get", plan.kind, x, plan.num_entries, call.backend,
         block_copy=call.thresholds.block_copy,

@@ -94,6 +94,8 @@ def write_traced(x, operands, updates, call: WriteCall):
     plan = call.plan
     if plan.num_entries == 0 or x.size == 0:
         return x
+    # Index arrays may live in host memory; the row arithmetic runs on the device.
+    operands = jax.tree.map(_placement.to_device_memory, operands)
     impl = _registry.choose(
         call.op, plan.kind, x, plan.num_entries, call.backend,
         block_copy=call.thresholds.block_copy,

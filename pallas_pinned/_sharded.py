@@ -223,7 +223,7 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
     _validation.check_mode_and_backend(mode, backend, modes=_validation.GATHER_MODES)
     layout = _layout(x)
     fill = _validation.check_fill_value(fill_value)
-    plan, operands = _index_parse.parse(index, x.shape, mode, min_lead=1)
+    plan, operands = _index_parse.parse(index, x.shape, mode, read=True, min_lead=1)
     empty_axis = any(x.shape[item.axis] == 0 for item in plan.items if item.axis >= 0)
     if empty_axis and plan.num_entries > 0 and mode not in _validation.FILL_MODES:
         raise ValueError(

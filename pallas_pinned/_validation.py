@@ -56,8 +56,6 @@ def check_buffer(x: Any) -> None:
         raise ValueError(
             "x has been deleted (donated to an earlier call); use the array that call returned"
         )
-    if x.ndim == 0:
-        raise ValueError(f"x must have at least one axis to index, got shape {x.shape}")
     if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
         names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
         raise TypeError(f"unsupported dtype {x.dtype} for x; supported: {names}")
@@ -161,7 +159,7 @@ def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.I
     """Every check of a read; returns the parsed index."""
     check_mode_and_backend(mode, backend, modes=GATHER_MODES)
     check_buffer(x)
-    plan, operands = _index_parse.parse(index, x.shape, mode)
+    plan, operands = _index_parse.parse(index, x.shape, mode, read=True)
     empty_axis = any(x.shape[item.axis] == 0 for item in plan.items if item.axis >= 0)
     if empty_axis and plan.num_entries > 0 and mode not in FILL_MODES:
         raise ValueError(

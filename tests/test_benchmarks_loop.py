@@ -186,8 +186,9 @@ def test_choose_backends_covers_set_add_and_gather():
     classes, choices = choose_backends.choose(records)
     assert classes == [16, 4096]
     assert choices["set"]["float32"]["16"]["backend"] == "pallas"  # faster than XLA
-    # 2 % faster is within the noise (Pallas stays), and XLA beats both: XLA.
-    assert choices["add"]["float32"]["4096"]["backend"] == "xla"
+    # 2 % faster is within the noise: Pallas stays; add never takes XLA's own
+    # path (it loses the sparse-training client with duplicates), even here.
+    assert choices["add"]["float32"]["4096"]["backend"] == "pallas"
     assert choices["gather"]["float32"]["16"] == {
         "backend": "triton", "pallas_us": 30.0, "triton_us": 20.0, "xla_us": 25.0, "cases": 1}
     assert "4096" not in choices["gather"]["float32"]
