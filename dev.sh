@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's two commands, each setting up what it needs first:
 #   bash dev.sh demo [args]   the periodic-update demo (checks its own result)
-#   bash dev.sh test [args]   ruff, then the test suite (pytest args pass through)
+#   bash dev.sh test [args]   ruff, then the test suite (pytest args pass through);
+#                             it lists the 15 slowest tests at the end
 # Both create .venv with Python 3.12 (pyenv reads .python-version) and install
 # the package with its test extra. PYTHON=/path/to/python3.12 overrides.
 set -euo pipefail
@@ -40,6 +41,6 @@ command=${1:-}
 shift || true
 case "$command" in
   demo) setup; exec .venv/bin/python -m pallas_pinned "$@" ;;
-  test) setup; .venv/bin/ruff check .; exec .venv/bin/python -m pytest "$@" ;;
+  test) setup; .venv/bin/ruff check .; exec .venv/bin/python -m pytest --durations=15 "$@" ;;
   *) echo "usage: bash dev.sh {demo|test} [args...]" >&2; exit 2 ;;
 esac
