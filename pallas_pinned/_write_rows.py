@@ -64,9 +64,11 @@ def write(x2d, rows, updates2d, cfg: RowWrite, implementation: str):
         offsets_fit(x2d.shape, x2d.dtype) and offsets_fit(updates2d.shape, x2d.dtype)
     ):
         return _xla(x2d, rows, updates2d, cfg)  # Pallas' 32-bit offsets would wrap.
+    if implementation == "interpret":
+        return kernel(x2d, rows, updates2d)  # Any platform.
     return lax.platform_dependent(
         x2d, rows, updates2d, cuda=kernel, default=functools.partial(_xla, cfg=cfg)
-    ) if implementation != "interpret" else kernel(x2d, rows, updates2d)
+    )
 
 
 def _normalized(x2d, rows, cfg: RowWrite):
