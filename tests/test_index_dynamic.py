@@ -56,7 +56,8 @@ TEMPLATES = [
 
 def _fits(shape, template, start) -> bool:
     """Whether the window starting at ``start`` lies inside its axis (no ``...`` in TEMPLATES)."""
-    axis = sum(1 for it in template[: template.index("@")] if it is not None)
+    at = next(k for k, it in enumerate(template) if isinstance(it, str))
+    axis = sum(1 for it in template[:at] if it is not None)
     return 0 <= start <= shape[axis] - K
 
 
