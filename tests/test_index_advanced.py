@@ -187,6 +187,17 @@ def test_traced_int_scalars_under_jit(rng):
         ref = pallas_pinned.at(x)[i, j]
         return ref.get(), ref.set(v), ref.add(v)
 
+    @jax.jit
+    def g(x, i):  # beside a traced int, a static window past the end
+        ref = pallas_pinned.at(x)[i, jax.ds(3, 3)]
+        return ref.get(), ref.set(-1.0), ref.add(-1.0)
+
+    for i in (2, -1):
+        for got, m in zip(g(pinned(a), jnp.int32(i)), ALL, strict=True):
+            want = jax.jit(lambda a, i, m=m: jnp_call(
+                a, (i, jax.ds(3, 3)), m, None if m == "get" else -1.0))(a, jnp.int32(i))
+            assert_matches(got, want, f"{m} [traced {i}, ds(3, 3)]")
+
     for i, j in [(1, 2), (-1, -5), (3, 5), (-5, 0)]:
         got = f(pinned(a), jnp.int32(i), jnp.int32(j))
         for g, m in zip(got, ALL, strict=True):

@@ -51,14 +51,22 @@ TEMPLATES = [
     ((N, 5, 3), ("@", S(None, None, -2), A([2, 0]))),
     ((3, N, 4), (None, -1, "@", S(1, 3))),
     ((K, 5), ("@", S(1, 4))),  # a window as long as its axis: jnp takes the whole axis
+    ((4, N, 2), (jax.ds(3, 2), "@")),  # a static window past the end beside a traced one
 ]
 
 
 def _fits(shape, template, start) -> bool:
-    """Whether the window starting at ``start`` lies inside its axis (no ``...`` in TEMPLATES)."""
-    at = next(k for k, it in enumerate(template) if isinstance(it, str))
-    axis = sum(1 for it in template[:at] if it is not None)
-    return 0 <= start <= shape[axis] - K
+    """Whether the window at ``start`` and every static window lie inside their axes."""
+    fits, axis = True, 0
+    for it in template:  # no ... in TEMPLATES
+        if it is None:
+            continue
+        if isinstance(it, str):
+            fits &= 0 <= start <= shape[axis] - K
+        elif type(it).__name__ == "Slice":  # a static jax.ds
+            fits &= 0 <= it.start <= shape[axis] - it.size
+        axis += 1
+    return fits
 
 
 def _with(template, window):
