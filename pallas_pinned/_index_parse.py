@@ -129,13 +129,13 @@ def parse(
 ) -> tuple[IndexPlan, tuple]:
     """The plan of ``x.at[index]`` for a buffer of ``shape``, and its dynamic operands.
 
-    ``read``: the index is for ``get``. jnp reads an index that is static
-    throughout as a static slice, a ``jax.ds`` with a static start as the
-    Python slice ``start:start + size:stride`` (clamped like any slice),
-    except in the filling modes (and ours, ``"wrap"``); it reads one without
-    index arrays or strided slices as a dynamic slice, whose negative ``jax.ds``
-    starts wrap once (IndexPlan.ds_read_wraps); any other through a gather,
-    whose window starts are only clamped. ``min_lead``: at least this
+    ``read``: the index is for ``get``. Without index arrays (rank >= 1),
+    jnp reads a ``jax.ds`` with a static start as the Python slice
+    ``start:start + size:stride`` (clamped like any slice) in its clamping
+    modes; it reads an index without index arrays or strided slices as a
+    dynamic slice, whose negative traced ``jax.ds`` starts wrap once
+    (``IndexPlan.ds_read_wraps``); any other through a gather, whose window
+    starts are only clamped. ``min_lead``: at least this
     many leading axes become rows (the sharded layer needs axis 0 among them).
     Raises TypeError, IndexError or ValueError for forms jnp refuses or that
     are not supported (boolean masks, traced slice bounds), before anything runs.
@@ -143,14 +143,11 @@ def parse(
     shape = tuple(int(d) for d in shape)
     items, operands, axis = [], [], 0
     expanded, ellipsis_at = _expand(index, len(shape))
-    # jnp reads an all-static index as a static slice, where a jax.ds with a
-    # static start is the Python slice start:start + size:stride.
-    all_static = all(
-        it is None or isinstance(it, (slice, int, np.integer))
-        or (_is_ds(it) and not _is_array(it.start) and not _is_array(it.size))
-        for it in expanded
-    )
-    static_ds_as_slice = read and all_static and mode not in ("fill", "drop", "wrap")
+    # jnp reads a jax.ds with a static start as the Python slice
+    # start:start + size:stride unless an index array (rank >= 1) sends the
+    # whole index through a gather, and only in its clamping modes.
+    arrays = any(isinstance(it, list) or (_is_array(it) and np.ndim(it) >= 1) for it in expanded)
+    static_ds_as_slice = read and not arrays and mode in (None, "clip", "promise_in_bounds")
     for it in expanded:
         if it is None:
             items.append(Item("new"))

@@ -21,6 +21,7 @@ NOTEBOOKS = (
     "01_dynamic_indices_on_pinned_host.ipynb",
     "02_pcie_scatter_performance.ipynb",
     "03_replay_buffer.ipynb",
+    "04_index_forms.ipynb",
 )
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 CELL_TIMEOUT_S = 300  # Generous: a cold CI machine compiles slowly; the real runs take seconds.
