@@ -174,11 +174,7 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
     # The single-device checks, in the same order, against the global shape.
     _validation.check_mode_and_backend(mode, backend)
     layout = _layout(x)
-    if op in ("add", "mul") and jnp.dtype(x.dtype) == jnp.bool_:
-        raise TypeError(
-            f"scatter_{op}_to_host does not {op} into a bool buffer (x has dtype {x.dtype}), "
-            "as jnp does not; store the flags as uint8"
-        )
+    _validation.check_op_dtype(op, x.dtype)
     plan, operands = _index_parse.parse(index, x.shape, mode, min_lead=1)
     _validation.check_updates(updates, plan.result_shape, x.dtype)
     _validation.check_not_aliased(x, ("updates", updates))
@@ -224,12 +220,7 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
     layout = _layout(x)
     fill = _validation.check_fill_value(fill_value)
     plan, operands = _index_parse.parse(index, x.shape, mode, read=True, min_lead=1)
-    empty_axis = any(x.shape[item.axis] == 0 for item in plan.items if item.axis >= 0)
-    if empty_axis and plan.num_entries > 0 and mode not in _validation.FILL_MODES:
-        raise ValueError(
-            f"x of shape {x.shape} has no rows to read with mode={mode!r}; "
-            "use mode='fill' to get fill values for rows that do not exist"
-        )
+    _validation.check_rows_to_read(x.shape, plan, mode)
     if backend in _registry.KERNEL_BACKENDS:
         _registry.check_available(x, backend)
     shard_view = (plan.num_rows // layout.shards, plan.width)

@@ -59,7 +59,15 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pallas_pinned import _index_parse, _local_read, _local_write, _placement, _rows, _validation
+from pallas_pinned import (
+    _index_parse,
+    _local_read,
+    _local_write,
+    _placement,
+    _rows,
+    _validation,
+    _write_rows,
+)
 from pallas_pinned._index import IndexPlan
 
 _EXPLICIT = jax.sharding.AxisType.Explicit
@@ -133,8 +141,7 @@ def write_traced(x, operands, updates, cfg: WriteConfig):
         return x
     operands = jax.tree.map(_placement.to_device_memory, operands)
     rows = _global_rows(plan, operands, cfg.call.mode, read=False)
-    updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
-    updates = jnp.broadcast_to(updates, plan.result_shape).reshape(plan.num_entries, plan.width)
+    updates = _write_rows.updates_2d(x.dtype, updates, plan.result_shape, plan.width)
     spec = P(cfg.layout.axes)
     # check_vma=False: the local ops stage kernels (pallas_call, also traced on
     # CPU under platform_dependent) whose outputs carry no varying-axes type.

@@ -135,13 +135,7 @@ def check_write(
     """Every check of a write, in the order users fix them; returns the parsed index."""
     check_mode_and_backend(mode, backend)
     check_buffer(x)
-    if op in ("add", "mul") and jnp.dtype(x.dtype) == jnp.bool_:
-        # jnp's .add refuses bool as well; OR-accumulation would be .max.
-        raise TypeError(
-            f"{'scatter_add_to_host' if op == 'add' else 'scatter_mul_to_host'} does not "
-            f"{op} into a bool buffer (x has dtype {x.dtype}); use .max (OR) or .min (AND), "
-            "or store the flags as uint8"
-        )
+    check_op_dtype(op, x.dtype)
     plan, operands = _index_parse.parse(index, x.shape, mode)
     check_updates(updates, plan.result_shape, x.dtype)
     check_same_device(x, ("indices", index), ("updates", updates))
@@ -160,18 +154,33 @@ def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.I
     check_mode_and_backend(mode, backend, modes=GATHER_MODES)
     check_buffer(x)
     plan, operands = _index_parse.parse(index, x.shape, mode, read=True)
-    empty_axis = any(x.shape[item.axis] == 0 for item in plan.items if item.axis >= 0)
-    if empty_axis and plan.num_entries > 0 and mode not in FILL_MODES:
-        raise ValueError(
-            f"x of shape {x.shape} has no rows to read with mode={mode!r}; "
-            "use mode='fill' to get fill values for rows that do not exist"
-        )
+    check_rows_to_read(x.shape, plan, mode)
     check_same_device(x, ("indices", index))
     for k, operand in enumerate(operands):
         check_same_device(x, (f"index array {k}", operand))
     check_kernel_backend(x, backend, plan)
     check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)
     return plan, operands
+
+
+def check_op_dtype(op: str, dtype) -> None:
+    """add and mul refuse a bool buffer, as jnp's ``.add`` does (OR is ``.max``)."""
+    if op in ("add", "mul") and jnp.dtype(dtype) == jnp.bool_:
+        raise TypeError(
+            f"{'scatter_add_to_host' if op == 'add' else 'scatter_mul_to_host'} does not "
+            f"{op} into a bool buffer (x has dtype {dtype}); use .max (OR) or .min (AND), "
+            "or store the flags as uint8"
+        )
+
+
+def check_rows_to_read(shape: tuple[int, ...], plan: _index.IndexPlan, mode: Any) -> None:
+    """An indexed axis of length 0 has nothing to clamp to: only the filling modes read it."""
+    empty_axis = any(shape[item.axis] == 0 for item in plan.items if item.axis >= 0)
+    if empty_axis and plan.num_entries > 0 and mode not in FILL_MODES:
+        raise ValueError(
+            f"x of shape {shape} has no rows to read with mode={mode!r}; "
+            "use mode='fill' to get fill values for rows that do not exist"
+        )
 
 
 def check_kernel_backend(x: Any, backend: str, plan: _index.IndexPlan) -> None:
