@@ -91,24 +91,28 @@ def _xla(x2d, rows, updates2d, cfg: RowWrite):
     return _host_xla.set_distinct_rows(x2d, rows, merged)
 
 
-_JNP_METHODS = {"set": "set", "add": "add", "min": "min", "max": "max", "mul": "multiply"}
-_JNP_MODES = {None: "drop", "drop": "drop", "fill": "drop", "clip": "clip",
-              "promise_in_bounds": "promise_in_bounds"}
-
-
 def _xla_native(x2d, rows, updates2d, cfg: RowWrite):
-    """XLA's own formulation, ``x2d.at[rows].<op>(updates2d)``: what ``auto`` runs where the
-    table measured it faster (for a host buffer, XLA ships the data and applies it on the CPU).
+    """XLA's own formulation of a set, ``x2d.at[rows].set(updates2d)``: what ``auto`` runs
+    where the table measured it faster (for a host buffer, XLA ships the data and applies
+    it on the CPU).
 
-    Its arithmetic is jnp's: duplicates are applied one after another in index order (for set,
-    the last wins, as on every path; for add and mul, float rounding follows that order instead
-    of combining first).
+    The rows are normalized here, at full width, so XLA only ever sees rows in range or
+    skip markers (its host path truncated 64-bit indices on the H200). XLA applies
+    duplicate indices in no fixed order (on the H200 its host path kept other than the
+    last), so every row written again later is dropped first: the last occurrence wins,
+    as on every path.
     """
-    rows = _rows.widen(_placement.to_device_memory(rows))  # Saturating: huge stays huge.
-    at = x2d.at[rows]
-    return getattr(at, _JNP_METHODS[cfg.op])(
-        updates2d, mode=_JNP_MODES[cfg.mode], wrap_negative_indices=not cfg.normalized
-    )
+    if cfg.op != "set":
+        raise AssertionError(f"XLA's own path serves set only, not {cfg.op}")
+    num_rows = x2d.shape[0]
+    rows = _normalized(x2d, rows, cfg)
+    if not cfg.rows_distinct and rows.shape[0] > 1:
+        if rows.shape[0] <= cfg.thresholds.small_combine_max:
+            rows = _rows.drop_superseded_small(rows, num_rows)  # One fused kernel, no sort.
+        else:
+            rows, src = _rows.dedupe_last_wins(rows, num_rows)
+            updates2d = updates2d[src]
+    return x2d.at[rows].set(updates2d, mode="drop", wrap_negative_indices=False)
 
 
 def _combined(x2d, rows, updates2d, cfg: RowWrite, *, presorted: bool = False):

@@ -285,14 +285,28 @@ def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch
     assert _registry.choose("set", "axis0", jax.device_put(x0, host), 5, "auto") == "xla_native"
     # Only set takes it: add stays on the kernels whatever the table says.
     assert _registry.choose("add", "axis0", jax.device_put(x0, host), 5, "auto") == "pallas"
-    # XLA's own formulation (run on CUDA; called directly here) is jnp's, bit for bit.
-    idx = jnp.asarray(np.array([1, 1, 1, -1, 9], np.int32))  # duplicates, negative, outside
-    upd = jnp.asarray(np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32) * 1e3)
-    for op, method in (("add", "add"), ("set", "set"), ("min", "min"), ("mul", "multiply")):
-        cfg = _write_rows.RowWrite(op, None, False, False, tuning.current())
-        got = _write_rows._xla_native(jax.device_put(x0, host), idx, upd, cfg)
-        want = getattr(jnp.asarray(x0).at[idx], method)(upd)
-        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), method
+    # XLA's own formulation (run on CUDA; called directly here): the last duplicate wins
+    # whatever order XLA applies them in (it drops every superseded one first), in each
+    # mode, on both de-duplication paths (the fused n x n one and the sort).
+    from pallas_pinned.testing import scatter_oracle
+
+    idx = np.array([1, 1, 1, -1, 9, 2, 1], np.int32)  # duplicates, negative, outside
+    upd = np.random.default_rng(1).standard_normal((7, 3)).astype(np.float32) * 1e3
+    for small_max in (1024, 2):
+        for mode in (None, "clip"):
+            cfg = _write_rows.RowWrite(
+                "set", mode, False, False, tuning.Thresholds(small_combine_max=small_max)
+            )
+            got = _write_rows._xla_native(
+                jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd), cfg
+            )
+            want = scatter_oracle(x0, idx, upd, mode)
+            assert np.asarray(got).tobytes() == want.tobytes(), (small_max, mode)
+    with pytest.raises(AssertionError, match="set only"):
+        _write_rows._xla_native(
+            jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd),
+            _write_rows.RowWrite("add", None, False, False, tuning.current()),
+        )
 
 
 def test_xla_s_own_path_is_trusted_only_on_the_measured_release(monkeypatch):

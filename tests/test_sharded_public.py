@@ -102,8 +102,9 @@ def test_gpu_one_device_mesh_runs_the_kernel_inside_shard_map(backend):
     sharding = NamedSharding(mesh, P("data"), memory_kind="pinned_host")
     rng = np.random.default_rng(3)
     x0 = rng.standard_normal((512, 8)).astype(np.float32)
-    idx = rng.integers(-600, 600, 300).astype(np.int32)
-    upd = rng.standard_normal((300, 8)).astype(np.float32)
+    # 2000 updates: a size class where the shipped table picks the kernels for auto.
+    idx = rng.integers(-600, 600, 2000).astype(np.int32)
+    upd = rng.standard_normal((2000, 8)).astype(np.float32)
     step = jax.jit(lambda x, i, u: _sharded.scatter(x, i, u, backend=backend), donate_argnums=0)
     hlo = step.lower(jax.device_put(x0, sharding), idx, upd).compile().as_text()
     assert "__gpu$xla.gpu.triton" in hlo
