@@ -9,14 +9,16 @@ the same run:
 * ``xla_dus``: XLA's best formulation, ``lax.dynamic_update_slice(x,
   device_put(y, Space.Host), (pos, 0))`` (the write) or ``dynamic_slice``
   then ``device_put`` to device (the read);
-* ``ours_promise``: ``at(x)[jax.ds(pos, n)].set(y, mode="promise_in_bounds")``
-  with ``tuning.override(block_copy=True)``: our block copy, no validity check;
-* ``ours_drop``: the same with jnp's default mode: the block is read back and
-  kept unchanged where it does not fit (one more copy of the block);
-* ``ours_rows``: ``block_copy=False`` (the default since this probe): the block
-  as kernel rows;
+* ``ours_promise``: ``at(x)[jax.ds(pos, n)].set(y, mode="promise_in_bounds")``:
+  our block copy, no validity check (what ``auto`` runs);
+* ``ours_drop``: the same with jnp's default mode and
+  ``tuning.override(block_copy=True)``: the block is read back and kept
+  unchanged where it does not fit (one more copy of the block);
+* ``ours_rows``: ``backend="pallas"``: the block as kernel rows (what ``auto``
+  runs for the default mode);
 * ``ours_wrap``: ``mode="wrap"``, a ring insert (kernel rows);
-* reads: ``xla_ds``, ``ours_get`` (block copy), ``ours_get_rows``.
+* reads: ``xla_ds``, ``ours_get`` (block copy, what ``auto`` runs),
+  ``ours_get_rows`` (``backend="pallas"``).
 
 Prediction (written before the first run): the block copy costs what
 ``xla_dus`` costs (same HLO, same DMA) and ``ours_drop`` one more block read;
@@ -30,8 +32,17 @@ was wrong twice. Kernel rows matched XLA's copy (7.9 / 30.2 / 96.1 against
 plan's rows are known distinct and ascending, so the write is one launch with
 no de-duplication), while our block copy took 12.2 / 53.0 / 177 µs, about one
 more transfer of the block than XLA's own formulation, and the read-back of
-the default mode added nothing measurable. So ``auto`` writes blocks of a
-host buffer as kernel rows (``tuning.Thresholds.block_copy`` is False).
+the default mode added nothing measurable. So ``auto`` wrote blocks of a
+host buffer as kernel rows.
+
+Why (found on CPU afterwards, by reading the lowered HLO): ``ours_promise``
+checked its start too (the promise counted as a dropping mode), so it read
+the block back exactly as ``ours_drop`` does: both measured the copy with the
+read-back. A promised block is now clamped, as ``dynamic_update_slice``
+clamps, and its HLO is XLA's own formulation's. Prediction for the next run:
+``ours_promise`` costs what ``xla_dus`` costs; ``ours_drop`` one more block
+read; ``auto`` takes the copy for a set without a run-time check (clip,
+promise, static starts) and for every read, kernel rows otherwise.
 """
 
 from __future__ import annotations
@@ -53,19 +64,24 @@ from pallas_pinned.testing import time_calls
 _HOST = jax.memory.Space.Host
 
 
+def _rows_backend():
+    """The kernel rows: Pallas on the GPU, its interpreter elsewhere (--quick on CPU)."""
+    return "pallas" if jax.default_backend() == "gpu" else "interpret"
+
+
 def _writers(n):
     def xla_dus(x, pos, y):
         return lax.dynamic_update_slice(x, jax.device_put(y, _HOST), (pos, 0))
 
-    def ours(mode):
-        return lambda x, pos, y: pp.at(x)[jax.ds(pos, n)].set(y, mode=mode)
+    def ours(mode, backend="auto"):
+        return lambda x, pos, y: pp.at(x)[jax.ds(pos, n)].set(y, mode=mode, backend=backend)
 
     return {
-        "xla_dus": (xla_dus, True),
-        "ours_promise": (ours("promise_in_bounds"), True),
+        "xla_dus": (xla_dus, False),
+        "ours_promise": (ours("promise_in_bounds"), False),
         "ours_drop": (ours(None), True),
-        "ours_rows": (ours("promise_in_bounds"), False),
-        "ours_wrap": (ours("wrap"), True),
+        "ours_rows": (ours("promise_in_bounds", _rows_backend()), False),
+        "ours_wrap": (ours("wrap"), False),
     }
 
 
@@ -73,10 +89,12 @@ def _readers(n):
     def xla_ds(x, pos):
         return jax.device_put(lax.dynamic_slice_in_dim(x, pos, n), jax.memory.Space.Device)
 
-    def ours(x, pos):
-        return pp.at(x)[jax.ds(pos, n)].get(mode="promise_in_bounds")
+    def ours(backend):
+        return lambda x, pos: pp.at(x)[jax.ds(pos, n)].get(mode="promise_in_bounds",
+                                                         backend=backend)
 
-    return {"xla_ds": (xla_ds, True), "ours_get": (ours, True), "ours_get_rows": (ours, False)}
+    return {"xla_ds": (xla_ds, False), "ours_get": (ours("auto"), False),
+            "ours_get_rows": (ours(_rows_backend()), False)}
 
 
 def _host(a):

@@ -20,6 +20,10 @@ buffer against XLA's best formulation of the same write, in the same run:
   sequence at its own length, ``lengths = (lengths0 + t) mod T``. Ours
   ``at(cache)[jnp.arange(B), lengths].set(val)``; XLA
   ``cache.at[jnp.arange(B), lengths].set(val)``.
+* ``block``: the contiguous insert with ``dynamic_update_slice``'s own
+  semantics (a start that does not fit is clamped), at the ring's positions.
+  Ours ``at(x)[jax.ds(pos, n)].set(y, mode="clip")``; XLA
+  ``lax.dynamic_update_slice(x, jax.device_put(y, Space.Host), (pos, 0))``.
 
 The values of step ``t`` are ``base + t`` (made on the device), and the
 baseline makes the positions and values and carries them without writing.
@@ -52,7 +56,7 @@ from benchmarks.scan_runner import (
 )
 from pallas_pinned.testing import make_values, scatter_oracle
 
-PATTERN_OPS = ("ring", "ring_wrap", "kv", "decode")
+PATTERN_OPS = ("ring", "ring_wrap", "kv", "decode", "block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,18 +83,22 @@ class PatternCase:
 
 # H200 sizes: a 1 GiB ring of 1 KiB rows written 1024 rows at a time; an
 # 8.5-block ring that wraps; a bf16 KV cache of 32 layers x 4096 tokens x
-# (8 heads x 128) (256 MiB); 64 sequences x 4096 tokens x 1024 bf16 (512 MiB).
+# (8 heads x 128) (256 MiB); 64 sequences x 4096 tokens x 1024 bf16 (512 MiB);
+# contiguous blocks of 64 x 1 KiB and 1024 x 1 KiB (the block probe's sizes).
 GPU_PATTERNS = (
     PatternCase("ring", (1 << 20, 256), "float32", 1024),
     PatternCase("ring_wrap", (8 * 1024 + 512, 256), "float32", 1024),
     PatternCase("kv", (32, 4096, 1024), "bfloat16", 32),
     PatternCase("decode", (64, 4096, 1024), "bfloat16", 64),
+    PatternCase("block", (1 << 20, 256), "float32", 64),
+    PatternCase("block", (1 << 19, 256), "float32", 1024),
 )
 CPU_PATTERNS = (
     PatternCase("ring", (256, 16), "float32", 16),
     PatternCase("ring_wrap", (8 * 16 + 8, 16), "float32", 16),
     PatternCase("kv", (4, 32, 16), "bfloat16", 4),
     PatternCase("decode", (8, 32, 16), "float32", 8),
+    PatternCase("block", (256, 16), "float32", 16),
 )
 
 
@@ -102,6 +110,8 @@ _DESCRIPTIONS = {
     "kv": ("at(kv)[:, pos].set(new), pos = t mod T", "kv.at[:, pos].set(new)"),
     "decode": ("at(cache)[arange(B), lengths].set(val), lengths = (lengths0 + t) mod T",
                "cache.at[arange(B), lengths].set(val)"),
+    "block": ("at(x)[jax.ds(pos, n)].set(y, mode='clip'), pos = t*n mod N",
+              "lax.dynamic_update_slice(x, jax.device_put(y, Space.Host), (pos, 0))"),
 }
 
 
@@ -113,7 +123,7 @@ def describe(case: PatternCase) -> dict:
 
 def step_index(case: PatternCase, t, lengths0):
     """What locates step ``t``'s write: a position, or per-sequence lengths."""
-    if case.op in ("ring", "ring_wrap"):
+    if case.op in ("ring", "ring_wrap", "block"):
         return (t * case.rows) % case.shape[0]
     if case.op == "kv":
         return t % case.shape[1]
@@ -123,7 +133,7 @@ def step_index(case: PatternCase, t, lengths0):
 def written_rows(case: PatternCase, t: int, lengths0: np.ndarray) -> np.ndarray:
     """Step ``t``'s rows in the buffer seen as ``(-1, shape[-1])``, in the values' order."""
     where = step_index(case, np.int64(t), lengths0.astype(np.int64))
-    if case.op in ("ring", "ring_wrap"):
+    if case.op in ("ring", "ring_wrap", "block"):  # a block's N is a multiple of n: no wrap
         return (where + np.arange(case.rows)) % case.shape[0]
     return np.arange(case.shape[0]) * case.shape[1] + where  # kv and decode: one per row
 
@@ -133,9 +143,11 @@ def write_fn(case: PatternCase, provider: str, backend: str) -> Callable:
     n, num = case.rows, case.shape[0]
     if provider.startswith("ours"):
         return functools.partial(_ours, case.op, n, backend)
+    dus = lambda x, pos, y: lax.dynamic_update_slice(  # noqa: E731
+        x, jax.device_put(y, jax.memory.Space.Host), (pos, 0))
     return {
-        "ring": lambda x, pos, y: lax.dynamic_update_slice(
-            x, jax.device_put(y, jax.memory.Space.Host), (pos, 0)),
+        "ring": dus,
+        "block": dus,
         "ring_wrap": lambda x, pos, y: x.at[(pos + jnp.arange(n)) % num].set(y),
         "kv": lambda x, pos, new: x.at[:, pos].set(new),
         "decode": lambda x, lengths, val: x.at[jnp.arange(num), lengths].set(val),
@@ -145,6 +157,8 @@ def write_fn(case: PatternCase, provider: str, backend: str) -> Callable:
 def _ours(op: str, n: int, backend: str, x, where, values):
     if op in ("ring", "ring_wrap"):
         return pp.at(x)[jax.ds(where, n)].set(values, mode="wrap", backend=backend)
+    if op == "block":
+        return pp.at(x)[jax.ds(where, n)].set(values, mode="clip", backend=backend)
     if op == "kv":
         return pp.at(x)[:, where].set(values, backend=backend)
     return pp.at(x)[jnp.arange(x.shape[0]), where].set(values, backend=backend)

@@ -35,8 +35,15 @@ from pallas_pinned._rows import index_dtype, skip_row
 
 __all__ = ["IndexPlan", "Item"]
 
-# Modes whose out-of-range entries are dropped (writes) or filled (reads).
-_DROPPING = (None, "drop", "fill", "promise_in_bounds")
+
+def _block_checked(mode: str | None, read: bool) -> bool:
+    """Whether a block's start is checked (dropped or filled when out of range).
+
+    A promised block is clamped instead, as ``dynamic_update_slice`` clamps:
+    out-of-range starts are undefined under the promise, and a clamped block
+    never reaches outside the buffer.
+    """
+    return mode in ("fill", "drop") if read else mode in (None, "drop", "fill")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +174,19 @@ class IndexPlan:
 
     # --- the "block" view -------------------------------------------------------
 
+    def block_checked_at_run_time(self, mode: str | None, *, read: bool) -> bool:
+        """Whether :meth:`block`'s ``ok`` is traced: a start known only at run time
+        that a dropping or filling mode must check (a write then reads the block
+        back to keep it unchanged when the start is out of range)."""
+        if not _block_checked(mode, read):
+            return False
+        return any(
+            item.kind in ("int", "ds")
+            and item.operand is not None
+            and not (item.kind == "ds" and item.static[0] == self.shape[item.axis])
+            for item in self.items
+        )
+
     def block(self, operands, mode: str | None, *, read: bool):
         """``(starts, sizes, ok)`` of the hyper-rectangle.
 
@@ -201,7 +221,7 @@ class IndexPlan:
                 start = xp.where(start < 0, start + dim, start)
             if mode == "wrap":
                 start = xp.mod(start, dim)
-            elif (not read and mode in _DROPPING) or (read and mode in ("fill", "drop")):
+            elif _block_checked(mode, read):
                 ok = ok & (start >= 0) & (start <= dim - size)
             starts.append(xp.clip(start, 0, dim - size))
             sizes.append(size)

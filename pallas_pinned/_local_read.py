@@ -87,10 +87,8 @@ def read_traced(x, operands, call: ReadCall):
         return jax.device_put(lax.full(out_shape, fill, x.dtype), _DEVICE)
     # Index arrays may live in host memory; the row arithmetic runs on the device.
     operands = jax.tree.map(_placement.to_device_memory, operands)
-    impl = _registry.choose(
-        "get", plan.kind, x, plan.num_entries, call.backend,
-        block_copy=call.thresholds.block_copy,
-    )
+    # A block read is one copy in every mode (a fill applies on the device).
+    impl = _registry.choose("get", plan.kind, x, plan.num_entries, call.backend, block_copy=True)
     if impl == "block":
         out = _block_op(call)(x, operands)
         return jax.device_put(out, _DEVICE)

@@ -96,9 +96,11 @@ def write_traced(x, operands, updates, call: WriteCall):
         return x
     # Index arrays may live in host memory; the row arithmetic runs on the device.
     operands = jax.tree.map(_placement.to_device_memory, operands)
+    # A set that needs no run-time check is one copy, XLA's own HLO; see tuning.block_copy.
+    one_copy = call.op == "set" and not plan.block_checked_at_run_time(call.mode, read=False)
     impl = _registry.choose(
         call.op, plan.kind, x, plan.num_entries, call.backend,
-        block_copy=call.thresholds.block_copy,
+        block_copy=call.thresholds.block_copy or one_copy,
     )
     if impl == "block":
         return _block.write(x, plan, operands, updates, op=call.op, mode=call.mode)

@@ -52,12 +52,16 @@ class Thresholds:
     # H200 (benchmarks/results/loop_h200.json); see README "Inside a loop".
     fused_max_updates: int = 4096
     # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices,
-    # jax.ds) as one XLA copy (dynamic_update_slice / dynamic_slice) instead of
-    # kernel rows. Off: measured on the H200 (benchmarks/results/
-    # block_probe_h200.json, 2026-12-03, us per step in a scan), our block copy
-    # took 12.2 / 53.0 / 177 us for 64 x 1 KiB, 1024 x 1 KiB, 16384 x 256 B
-    # where kernel rows took 7.9 / 30.2 / 96.1 (XLA's own copy: 8.0 / 29.3 /
-    # 90.9). Device-memory buffers always take the copy (XLA's home turf).
+    # jax.ds) is one XLA copy (dynamic_update_slice / dynamic_slice, the very
+    # HLO of XLA's own formulation) for every read, and for a set that needs no
+    # run-time check (mode "clip" or "promise_in_bounds", or static starts).
+    # A set whose traced start a dropping mode must check would have to read
+    # the block back first (one more transfer of it): kernel rows serve it, and
+    # other writes too, unless this is True. Measured on the H200 (benchmarks/
+    # results/block_probe_h200.json, 2026-12-03, us per step in a scan, 64 x 1
+    # KiB / 1024 x 1 KiB / 16384 x 256 B): the copy with the read-back 12.2 /
+    # 53.0 / 177, kernel rows 7.9 / 30.2 / 96.1, XLA's own copy 8.0 / 29.3 /
+    # 90.9. Device-memory buffers always take the copy (XLA's home turf).
     block_copy: bool = False
     # False turns the locality sort off altogether (rows with duplicates are
     # still de-duplicated). For benchmarks that measure what sorting buys.
