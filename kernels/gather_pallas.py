@@ -23,34 +23,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as plgpu
 
-from .pallas_common import RowTiling, choose_row_tiling, launch_row_kernel, tile_lanes
+from .pallas_common import RowGrid, RowTiling, choose_row_tiling, launch_row_kernel, tile_lanes
 
 __all__ = ["gather_rows", "gather_rows_kernel"]
 
 
-def gather_rows_kernel(
-    rows_ref,
-    dest_ref,
-    x_ref,
-    out_ref,
-    *,
-    num_gathers: int,
-    num_rows: int,
-    row_width: int,
-    block_rows: int,
-    block_cols: int,
-):
+def gather_rows_kernel(rows_ref, dest_ref, x_ref, out_ref, *, grid: RowGrid):
     """Reads one ``block_rows x block_cols`` tile of ``x`` rows into ``out``."""
-    tile = tile_lanes(
-        rows_ref,
-        dest_ref,
-        num_entries=num_gathers,
-        num_rows=num_rows,
-        row_width=row_width,
-        block_rows=block_rows,
-        block_cols=block_cols,
-        check_bounds=True,  # A gather never reads outside the buffer.
-    )
+    tile = tile_lanes(rows_ref, dest_ref, grid, check_bounds=True)  # Never reads outside x.
     # Rows that are not read still get a real address (row 0): a masked load
     # never touches memory on the GPU, and interpret mode clamps anyway.
     safe_rows = jnp.where(tile.row_ok, tile.rows, 0)
@@ -64,30 +44,18 @@ def gather_rows_kernel(
     # past the end of the batch point past the end of the output: interpret
     # mode emulates a masked store with a scatter that writes back the old
     # value, which must never land on a real output row.
-    dest = jnp.where(tile.entry_ok, tile.order, num_gathers)
+    dest = jnp.where(tile.entry_ok, tile.order, grid.num_entries)
     plgpu.store(out_ref.at[dest[:, None], tile.cols[None, :]], values, mask=tile.entry_mask)
 
 
 def gather_rows(
-    x: jax.Array,
-    rows: jax.Array,
-    dest: jax.Array | None = None,
-    *,
-    tiling: RowTiling | None = None,
-    interpret: bool = False,
+    x: jax.Array, rows: jax.Array, dest: jax.Array | None = None, *,
+    tiling: RowTiling | None = None, interpret: bool = False,
 ) -> jax.Array:
     """Builds and calls the kernel; the ``(n, d)`` result is in device memory."""
     (num_gathers,) = rows.shape
     tiling = tiling or choose_row_tiling(num_gathers, x.shape[1], x.dtype.itemsize)
     return launch_row_kernel(
-        gather_rows_kernel,
-        (rows, dest, x),
-        buffer_shape=x.shape,
-        num_entries=num_gathers,
-        tiling=tiling,
-        out_shape=(num_gathers, x.shape[1]),
-        alias_last=False,
-        interpret=interpret,
+        gather_rows_kernel, (rows, dest, x), tiling=tiling, in_place=False, interpret=interpret,
         name="pallas_pinned_gather_rows",
-        num_gathers=num_gathers,
     )

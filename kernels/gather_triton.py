@@ -42,19 +42,10 @@ __all__ = ["gather_rows_triton", "gather_rows_triton_kernel", "plan_gather_rows"
 
 @triton.jit
 def gather_rows_triton_kernel(
-    rows_ptr,
-    dest_ptr,
-    x_ptr,
-    out_ptr,
-    NUM_ENTRIES: tl.constexpr,
-    NUM_ROWS: tl.constexpr,
-    ROW_WIDTH: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_COLS: tl.constexpr,
-    HAS_PARTNER: tl.constexpr,
-    AS_BYTES: tl.constexpr,
-    CACHE_MODIFIER: tl.constexpr,
-    EVICTION_POLICY: tl.constexpr,
+    rows_ptr, dest_ptr, x_ptr, out_ptr,
+    NUM_ENTRIES: tl.constexpr, NUM_ROWS: tl.constexpr, ROW_WIDTH: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, HAS_PARTNER: tl.constexpr,
+    AS_BYTES: tl.constexpr, CACHE_MODIFIER: tl.constexpr, EVICTION_POLICY: tl.constexpr,
 ):
     """Reads one ``BLOCK_ROWS x BLOCK_COLS`` tile: ``out[dest[k]] = x[rows[k]]``.
 
@@ -88,32 +79,19 @@ def gather_rows_triton_kernel(
 
 
 def plan_gather_rows(
-    x_shape: tuple[int, int],
-    dtype,
-    num_gathers: int,
-    *,
-    rows_dtype=jnp.int32,
-    has_dest: bool = True,
-    tiling: TritonTiling | None = None,
+    x_shape: tuple[int, int], dtype, num_gathers: int, *, rows_dtype=jnp.int32,
+    has_dest: bool = True, tiling: TritonTiling | None = None,
 ) -> TritonLaunch:
-    """The static launch of :func:`gather_rows_triton`, from shapes and dtypes alone.
-
-    ``triton_common.compile_for_target(plan_gather_rows(...))`` compiles
-    exactly the kernel that call launches, without a GPU.
-    """
-    dtype = jnp.dtype(dtype)
+    """The static launch of :func:`gather_rows_triton` (see :func:`triton_common.plan_rows`)."""
     return plan_rows(
         gather_rows_triton_kernel, "gather_rows", x_shape, dtype, num_gathers,
         rows_dtype=rows_dtype, has_partner=has_dest, data_dtypes=(dtype,), in_place=False,
-        cache_modifiers=LOAD_CACHE_MODIFIERS, tiling=tiling, AS_BYTES=dtype == jnp.bool_,
+        cache_modifiers=LOAD_CACHE_MODIFIERS, tiling=tiling,
     )
 
 
 def gather_rows_triton(
-    x: jax.Array,
-    rows: jax.Array,
-    dest: jax.Array | None = None,
-    *,
+    x: jax.Array, rows: jax.Array, dest: jax.Array | None = None, *,
     tiling: TritonTiling | None = None,
 ) -> jax.Array:
     """Launches the Triton gather kernel: ``out[dest[k]] = x[rows[k]]``.

@@ -15,7 +15,6 @@ through its own pointer, over PCIe, and never copied.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -26,13 +25,15 @@ from jax.experimental.pallas import triton as plgpu
 from .row_layout import next_pow2, offsets_fit, skip_row
 
 __all__ = [
+    "RowGrid",
     "RowTiling",
     "Tile",
-    "call_row_kernel",
-    "launch_row_kernel",
     "choose_row_tiling",
+    "dest_rows",
+    "launch_row_kernel",
     "next_pow2",
     "offsets_fit",
+    "program_entries",
     "skip_row",
     "tile_lanes",
 ]
@@ -69,6 +70,32 @@ def choose_row_tiling(n: int, d: int, itemsize: int) -> RowTiling:
     return RowTiling(block_rows, block_cols, num_warps)
 
 
+@dataclasses.dataclass(frozen=True)
+class RowGrid:
+    """The static addressing a row kernel gets from :func:`launch_row_kernel` (as ``grid``).
+
+    ``num_entries`` entries against a ``(num_rows, row_width)`` buffer, in
+    tiles of ``block_rows`` entries by ``block_cols`` columns.
+    """
+
+    num_entries: int
+    num_rows: int
+    row_width: int
+    block_rows: int
+    block_cols: int
+
+
+def program_entries(grid: RowGrid):
+    """``(first, k, cols, k_ok)``: this program's entries ``k`` from ``first``, its columns.
+
+    ``k_ok`` marks the entries that exist (not past the end of the batch).
+    """
+    first = pl.program_id(0) * grid.block_rows
+    k = first + jnp.arange(grid.block_rows)
+    cols = pl.program_id(1) * grid.block_cols + jnp.arange(grid.block_cols)
+    return first, k, cols, k < grid.num_entries
+
+
 class Tile(NamedTuple):
     """One program's share of the work, as :func:`tile_lanes` loads it."""
 
@@ -81,41 +108,56 @@ class Tile(NamedTuple):
     entry_mask: Any  # (block_rows, block_cols) entry_ok crossed with real columns
 
 
-def tile_lanes(
-    rows_ref, order_ref, *, num_entries, num_rows, row_width, block_rows, block_cols, check_bounds
-) -> Tile:
+def tile_lanes(rows_ref, order_ref, grid: RowGrid, *, check_bounds: bool) -> Tile:
     """Loads this program's rows and permutation entries and builds its masks."""
-    k = pl.program_id(0) * block_rows + jnp.arange(block_rows)
-    cols = pl.program_id(1) * block_cols + jnp.arange(block_cols)
-    k_ok = k < num_entries
+    _, k, cols, k_ok = program_entries(grid)
     rows = plgpu.load(rows_ref.at[k], mask=k_ok, other=-1)
     order = k if order_ref is None else plgpu.load(order_ref.at[k], mask=k_ok, other=0)
     row_ok = k_ok
     if check_bounds:
         row_ok = row_ok & (rows >= 0)
-        if num_rows <= jnp.iinfo(rows.dtype).max:
-            row_ok = row_ok & (rows < num_rows)
-    cols_ok = (cols < row_width)[None, :]
+        if grid.num_rows <= jnp.iinfo(rows.dtype).max:
+            row_ok = row_ok & (rows < grid.num_rows)
+    cols_ok = (cols < grid.row_width)[None, :]
     return Tile(rows, order, cols, k_ok, row_ok, row_ok[:, None] & cols_ok, k_ok[:, None] & cols_ok)
 
 
-def call_row_kernel(
-    kernel, operands, *, out_shape, num_entries, row_width, tiling, alias_last, interpret, name
-):
-    """Launches ``kernel(*operand_refs, out_ref)`` over the row grid.
+def dest_rows(rows, row_ok, num_rows: int):
+    """The rows a masked store into the buffer addresses: ``rows`` where ``row_ok``.
 
-    ``operands`` may hold ``None`` for an absent permutation: ``pallas_call``
-    takes arrays only, so the ``None`` is bound inside the kernel instead.
-    With ``alias_last`` the last operand (the buffer) is aliased to the only
-    output, so the kernel updates it in place.
+    Masked-off lanes point past the end (:func:`skip_row`), never at a real
+    element: interpret mode emulates a masked store with a scatter that
+    writes back the old value, which would race a real write to the same
+    element.
     """
+    return jnp.where(row_ok, rows, skip_row(num_rows, rows.dtype))
+
+
+def launch_row_kernel(
+    kernel, operands, *, tiling, in_place: bool, interpret: bool, name: str, **settings
+):
+    """Launches ``kernel(*operand_refs, out_ref, grid=..., **settings)`` over the row grid.
+
+    ``operands`` start with the ``(n,)`` row numbers and end with the
+    ``(num_rows, d)`` buffer; ``None`` stands for an absent permutation:
+    ``pallas_call`` takes arrays only, so the ``None`` is bound inside the
+    kernel instead. The kernel gets its addressing as ``grid`` (a
+    :class:`RowGrid`) plus its own ``settings``. With ``in_place`` the buffer
+    is aliased to the only output, so the kernel updates it in place; else
+    the output is a fresh ``(n, d)`` array of the buffer's dtype.
+    """
+    (num_entries,) = operands[0].shape
+    num_rows, row_width = buffer_shape = operands[-1].shape
+    grid = RowGrid(num_entries, num_rows, row_width, tiling.block_rows, tiling.block_cols)
     present = [k for k, a in enumerate(operands) if a is not None]
 
     def body(*refs):
         bound = dict(zip(present, refs[:-1], strict=True))
-        return kernel(*(bound.get(k) for k in range(len(operands))), refs[-1])
+        refs_in = (bound.get(k) for k in range(len(operands)))
+        return kernel(*refs_in, refs[-1], grid=grid, **settings)
 
     arrays = [operands[k] for k in present]
+    out_shape = buffer_shape if in_place else (num_entries, row_width)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     return pl.pallas_call(
         body,
@@ -123,40 +165,8 @@ def call_row_kernel(
         grid=(pl.cdiv(num_entries, tiling.block_rows), pl.cdiv(row_width, tiling.block_cols)),
         in_specs=[any_spec] * len(arrays),
         out_specs=any_spec,
-        input_output_aliases={len(arrays) - 1: 0} if alias_last else {},
+        input_output_aliases={len(arrays) - 1: 0} if in_place else {},
         compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=1),
         interpret=interpret,
         name=name,
     )(*arrays)
-
-
-def launch_row_kernel(
-    kernel, operands, *, buffer_shape, num_entries, tiling, out_shape, alias_last, interpret,
-    name, **settings
-):
-    """Binds the kernel's addressing settings and launches it (:func:`call_row_kernel`).
-
-    ``kernel`` takes keyword-only ``num_rows``, ``row_width``, ``block_rows``
-    and ``block_cols`` (from ``buffer_shape`` and ``tiling``) plus its own
-    ``settings``.
-    """
-    num_rows, row_width = buffer_shape
-    body = functools.partial(
-        kernel,
-        num_rows=num_rows,
-        row_width=row_width,
-        block_rows=tiling.block_rows,
-        block_cols=tiling.block_cols,
-        **settings,
-    )
-    return call_row_kernel(
-        body,
-        operands,
-        out_shape=out_shape,
-        num_entries=num_entries,
-        row_width=row_width,
-        tiling=tiling,
-        alias_last=alias_last,
-        interpret=interpret,
-        name=name,
-    )

@@ -17,43 +17,28 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as plgpu
 
-from .pallas_common import RowTiling, choose_row_tiling, launch_row_kernel, skip_row, tile_lanes
+from .pallas_common import (
+    RowGrid,
+    RowTiling,
+    choose_row_tiling,
+    dest_rows,
+    launch_row_kernel,
+    tile_lanes,
+)
 
 __all__ = ["scatter_add_rows", "scatter_add_rows_kernel"]
 
 
 def scatter_add_rows_kernel(
-    rows_ref,
-    src_ref,
-    updates_ref,
-    x_in_ref,
-    x_out_ref,
-    *,
-    num_updates: int,
-    num_rows: int,
-    row_width: int,
-    block_rows: int,
-    block_cols: int,
-    check_bounds: bool,
+    rows_ref, src_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, check_bounds: bool,
     acc_dtype,
 ):
     """Adds one ``block_rows x block_cols`` tile of update rows into ``x``."""
     # Aliased to x_out_ref: the same buffer. Reading through the output ref
     # is what interpret mode also supports (it seeds the output with x).
     del x_in_ref
-    tile = tile_lanes(
-        rows_ref,
-        src_ref,
-        num_entries=num_updates,
-        num_rows=num_rows,
-        row_width=row_width,
-        block_rows=block_rows,
-        block_cols=block_cols,
-        check_bounds=check_bounds,
-    )
-    # Masked-off lanes point past the end, never at a real element (see the
-    # scatter kernel: interpret mode writes old values back on masked lanes).
-    dest = jnp.where(tile.row_ok, tile.rows, skip_row(num_rows, tile.rows.dtype))
+    tile = tile_lanes(rows_ref, src_ref, grid, check_bounds=check_bounds)
+    dest = dest_rows(tile.rows, tile.row_ok, grid.num_rows)
     source = updates_ref.at[tile.order[:, None], tile.cols[None, :]]
     target = x_out_ref.at[dest[:, None], tile.cols[None, :]]
     addend = plgpu.load(source, mask=tile.mask, other=0)
@@ -63,14 +48,8 @@ def scatter_add_rows_kernel(
 
 
 def scatter_add_rows(
-    x: jax.Array,
-    rows: jax.Array,
-    src: jax.Array | None,
-    updates: jax.Array,
-    *,
-    acc_dtype=None,
-    check_bounds: bool = True,
-    tiling: RowTiling | None = None,
+    x: jax.Array, rows: jax.Array, src: jax.Array | None, updates: jax.Array, *,
+    acc_dtype=None, check_bounds: bool = True, tiling: RowTiling | None = None,
     interpret: bool = False,
 ) -> jax.Array:
     """Builds and calls the kernel; sums in ``acc_dtype`` (default ``x.dtype``).
@@ -82,16 +61,7 @@ def scatter_add_rows(
     itemsize = max(x.dtype.itemsize, updates.dtype.itemsize)
     tiling = tiling or choose_row_tiling(num_updates, x.shape[1], itemsize)
     return launch_row_kernel(
-        scatter_add_rows_kernel,
-        (rows, src, updates, x),
-        buffer_shape=x.shape,
-        num_entries=num_updates,
-        tiling=tiling,
-        out_shape=x.shape,
-        alias_last=True,
-        interpret=interpret,
-        name="pallas_pinned_scatter_add_rows",
-        num_updates=num_updates,
-        check_bounds=check_bounds,
+        scatter_add_rows_kernel, (rows, src, updates, x), tiling=tiling, in_place=True,
+        interpret=interpret, name="pallas_pinned_scatter_add_rows", check_bounds=check_bounds,
         acc_dtype=acc_dtype,
     )

@@ -42,22 +42,13 @@ __all__ = ["plan_scatter_add_rows", "scatter_add_rows_triton"]
 
 
 def plan_scatter_add_rows(
-    x_shape: tuple[int, int],
-    dtype,
-    num_updates: int,
-    *,
-    updates_dtype=None,
-    acc_dtype=None,
-    rows_dtype=jnp.int32,
-    has_src: bool = True,
-    check_bounds: bool = True,
+    x_shape: tuple[int, int], dtype, num_updates: int, *, updates_dtype=None, acc_dtype=None,
+    rows_dtype=jnp.int32, has_src: bool = True, check_bounds: bool = True,
     tiling: TritonTiling | None = None,
 ) -> TritonLaunch:
-    """The static launch of :func:`scatter_add_rows_triton`, from shapes and dtypes alone.
+    """The static launch of :func:`scatter_add_rows_triton` (see :func:`triton_common.plan_rows`).
 
     ``updates_dtype`` and ``acc_dtype`` default to ``dtype``.
-    ``triton_common.compile_for_target(plan_scatter_add_rows(...))`` compiles
-    exactly the kernel that call launches, without a GPU.
     """
     dtype = jnp.dtype(dtype)
     acc_dtype = dtype if acc_dtype is None else jnp.dtype(acc_dtype)
@@ -77,19 +68,13 @@ def plan_scatter_add_rows(
         in_place=True, cache_modifiers=STORE_CACHE_MODIFIERS, tiling=tiling,
         # The registers hold the accumulator: size the tile by the widest type.
         itemsize=max(dtype.itemsize, updates_dtype.itemsize, acc_dtype.itemsize),
-        CHECK_BOUNDS=check_bounds, ADD=True, ACC_TYPE=element_type(acc_dtype), AS_BYTES=False,
+        CHECK_BOUNDS=check_bounds, ADD=True, ACC_TYPE=element_type(acc_dtype),
     )
 
 
 def scatter_add_rows_triton(
-    x: jax.Array,
-    rows: jax.Array,
-    src: jax.Array | None,
-    updates: jax.Array,
-    *,
-    acc_dtype=None,
-    check_bounds: bool = True,
-    tiling: TritonTiling | None = None,
+    x: jax.Array, rows: jax.Array, src: jax.Array | None, updates: jax.Array, *,
+    acc_dtype=None, check_bounds: bool = True, tiling: TritonTiling | None = None,
 ) -> jax.Array:
     """Launches the Triton add kernel: ``x[rows[k]] += updates[src[k]]``.
 

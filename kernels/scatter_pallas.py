@@ -28,11 +28,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .pallas_common import (
+    RowGrid,
     RowTiling,
     choose_row_tiling,
+    dest_rows,
     launch_row_kernel,
     next_pow2,
-    skip_row,
+    program_entries,
     tile_lanes,
 )
 
@@ -45,64 +47,26 @@ __all__ = [
 
 
 def scatter_rows_kernel(
-    rows_ref,
-    src_ref,
-    updates_ref,
-    x_in_ref,
-    x_out_ref,
-    *,
-    num_updates: int,
-    num_rows: int,
-    row_width: int,
-    block_rows: int,
-    block_cols: int,
-    check_bounds: bool,
+    rows_ref, src_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, check_bounds: bool
 ):
     """Writes one ``block_rows x block_cols`` tile of update rows into ``x``."""
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
-    tile = tile_lanes(
-        rows_ref,
-        src_ref,
-        num_entries=num_updates,
-        num_rows=num_rows,
-        row_width=row_width,
-        block_rows=block_rows,
-        block_cols=block_cols,
-        check_bounds=check_bounds,
-    )
+    tile = tile_lanes(rows_ref, src_ref, grid, check_bounds=check_bounds)
     values = plgpu.load(updates_ref.at[tile.order[:, None], tile.cols[None, :]], mask=tile.mask)
-    # Masked-off lanes point past the end, never at a real element: interpret
-    # mode emulates a masked store with a scatter that writes back the old
-    # value, which would race a real write to the same element.
-    dest = jnp.where(tile.row_ok, tile.rows, skip_row(num_rows, tile.rows.dtype))
+    dest = dest_rows(tile.rows, tile.row_ok, grid.num_rows)
     plgpu.store(x_out_ref.at[dest[:, None], tile.cols[None, :]], values, mask=tile.mask)
 
 
 def scatter_rows(
-    x: jax.Array,
-    rows: jax.Array,
-    src: jax.Array | None,
-    updates: jax.Array,
-    *,
-    check_bounds: bool = True,
-    tiling: RowTiling | None = None,
-    interpret: bool = False,
+    x: jax.Array, rows: jax.Array, src: jax.Array | None, updates: jax.Array, *,
+    check_bounds: bool = True, tiling: RowTiling | None = None, interpret: bool = False,
 ) -> jax.Array:
     """Builds and calls the kernel. Traced inside a ``jit``: the result aliases ``x``."""
     (num_updates,) = rows.shape
     tiling = tiling or choose_row_tiling(num_updates, x.shape[1], x.dtype.itemsize)
     return launch_row_kernel(
-        scatter_rows_kernel,
-        (rows, src, updates, x),
-        buffer_shape=x.shape,
-        num_entries=num_updates,
-        tiling=tiling,
-        out_shape=x.shape,
-        alias_last=True,
-        interpret=interpret,
-        name="pallas_pinned_scatter_rows",
-        num_updates=num_updates,
-        check_bounds=check_bounds,
+        scatter_rows_kernel, (rows, src, updates, x), tiling=tiling, in_place=True,
+        interpret=interpret, name="pallas_pinned_scatter_rows", check_bounds=check_bounds,
     )
 
 
@@ -137,26 +101,13 @@ def _normalized(raw, num_rows: int, mode: str | None):
 
 
 def scatter_rows_fused_kernel(
-    indices_ref,
-    updates_ref,
-    x_in_ref,
-    x_out_ref,
-    *,
-    num_updates: int,
-    num_rows: int,
-    row_width: int,
-    block_rows: int,
-    block_cols: int,
-    chunk: int,
-    mode: str | None,
-    drop_superseded: bool,
+    indices_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, chunk: int,
+    mode: str | None, drop_superseded: bool,
 ):
     """Writes one tile of raw-indexed updates; entries superseded later are skipped."""
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
-    first = pl.program_id(0) * block_rows
-    k = first + jnp.arange(block_rows)
-    cols = pl.program_id(1) * block_cols + jnp.arange(block_cols)
-    k_ok = k < num_updates
+    num_updates, num_rows = grid.num_entries, grid.num_rows
+    first, k, cols, k_ok = program_entries(grid)
     rows, in_range = _normalized(
         plgpu.load(indices_ref.at[k], mask=k_ok, other=0), num_rows, mode
     )
@@ -176,13 +127,12 @@ def scatter_rows_fused_kernel(
         # Only later entries can supersede: start at this program's own chunk.
         superseded = lax.fori_loop(
             first // chunk, pl.cdiv(num_updates, chunk), search_chunk,
-            jnp.zeros((block_rows,), jnp.int32),
+            jnp.zeros((grid.block_rows,), jnp.int32),
         )
         row_ok = row_ok & (superseded == 0)
-    mask = row_ok[:, None] & (cols < row_width)[None, :]
+    mask = row_ok[:, None] & (cols < grid.row_width)[None, :]
     values = plgpu.load(updates_ref.at[k[:, None], cols[None, :]], mask=mask)
-    # Masked-off lanes point past the end (see scatter_rows_kernel).
-    dest = jnp.where(row_ok, rows, skip_row(num_rows, rows.dtype))
+    dest = dest_rows(rows, row_ok, num_rows)
     plgpu.store(x_out_ref.at[dest[:, None], cols[None, :]], values, mask=mask)
 
 
@@ -212,17 +162,7 @@ def scatter_rows_fused(
         tiling, block_rows=min(tiling.block_rows, _MAX_FUSED_BLOCK_ROWS)
     )
     return launch_row_kernel(
-        scatter_rows_fused_kernel,
-        (indices, updates, x),
-        buffer_shape=x.shape,
-        num_entries=num_updates,
-        tiling=tiling,
-        out_shape=x.shape,
-        alias_last=True,
-        interpret=interpret,
-        name="pallas_pinned_scatter_rows_fused",
-        num_updates=num_updates,
-        chunk=min(_MAX_CHUNK, next_pow2(num_updates)),
-        mode=mode,
-        drop_superseded=drop_superseded,
+        scatter_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
+        interpret=interpret, name="pallas_pinned_scatter_rows_fused",
+        chunk=min(_MAX_CHUNK, next_pow2(num_updates)), mode=mode, drop_superseded=drop_superseded,
     )

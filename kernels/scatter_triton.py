@@ -45,23 +45,11 @@ __all__ = ["plan_scatter_rows", "scatter_rows_triton", "scatter_rows_triton_kern
 
 @triton.jit
 def scatter_rows_triton_kernel(
-    rows_ptr,
-    src_ptr,
-    updates_ptr,
-    x_in_ptr,
-    x_ptr,
-    NUM_ENTRIES: tl.constexpr,
-    NUM_ROWS: tl.constexpr,
-    ROW_WIDTH: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_COLS: tl.constexpr,
-    HAS_PARTNER: tl.constexpr,
-    CHECK_BOUNDS: tl.constexpr,
-    ADD: tl.constexpr,
-    ACC_TYPE: tl.constexpr,
-    AS_BYTES: tl.constexpr,
-    CACHE_MODIFIER: tl.constexpr,
-    EVICTION_POLICY: tl.constexpr,
+    rows_ptr, src_ptr, updates_ptr, x_in_ptr, x_ptr,
+    NUM_ENTRIES: tl.constexpr, NUM_ROWS: tl.constexpr, ROW_WIDTH: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, HAS_PARTNER: tl.constexpr,
+    CHECK_BOUNDS: tl.constexpr, ADD: tl.constexpr, ACC_TYPE: tl.constexpr,
+    AS_BYTES: tl.constexpr, CACHE_MODIFIER: tl.constexpr, EVICTION_POLICY: tl.constexpr,
 ):
     """Writes one ``BLOCK_ROWS x BLOCK_COLS`` tile: ``x[rows[k]] = updates[src[k]]``.
 
@@ -101,38 +89,21 @@ def scatter_rows_triton_kernel(
 
 
 def plan_scatter_rows(
-    x_shape: tuple[int, int],
-    dtype,
-    num_updates: int,
-    *,
-    rows_dtype=jnp.int32,
-    has_src: bool = True,
-    check_bounds: bool = True,
-    tiling: TritonTiling | None = None,
+    x_shape: tuple[int, int], dtype, num_updates: int, *, rows_dtype=jnp.int32,
+    has_src: bool = True, check_bounds: bool = True, tiling: TritonTiling | None = None,
 ) -> TritonLaunch:
-    """The static launch of :func:`scatter_rows_triton`, from shapes and dtypes alone.
-
-    ``triton_common.compile_for_target(plan_scatter_rows(...))`` compiles
-    exactly the kernel that call launches, without a GPU.
-    """
-    dtype = jnp.dtype(dtype)
+    """The static launch of :func:`scatter_rows_triton` (see :func:`triton_common.plan_rows`)."""
     return plan_rows(
         scatter_rows_triton_kernel, "scatter_rows", x_shape, dtype, num_updates,
         rows_dtype=rows_dtype, has_partner=has_src, data_dtypes=(dtype, dtype), in_place=True,
         cache_modifiers=STORE_CACHE_MODIFIERS, tiling=tiling,
         CHECK_BOUNDS=check_bounds, ADD=False, ACC_TYPE=element_type(dtype),
-        AS_BYTES=dtype == jnp.bool_,
     )
 
 
 def scatter_rows_triton(
-    x: jax.Array,
-    rows: jax.Array,
-    src: jax.Array | None,
-    updates: jax.Array,
-    *,
-    check_bounds: bool = True,
-    tiling: TritonTiling | None = None,
+    x: jax.Array, rows: jax.Array, src: jax.Array | None, updates: jax.Array, *,
+    check_bounds: bool = True, tiling: TritonTiling | None = None,
 ) -> jax.Array:
     """Launches the Triton scatter kernel: ``x[rows[k]] = updates[src[k]]``.
 

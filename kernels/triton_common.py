@@ -180,15 +180,9 @@ def check_element_dtype(dtype, what: str) -> None:
 
 @triton.jit
 def tile_entries(
-    rows_ptr,
-    partner_ptr,
-    NUM_ENTRIES: tl.constexpr,
-    NUM_ROWS: tl.constexpr,
-    ROW_WIDTH: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK_COLS: tl.constexpr,
-    HAS_PARTNER: tl.constexpr,
-    CHECK_BOUNDS: tl.constexpr,
+    rows_ptr, partner_ptr, NUM_ENTRIES: tl.constexpr, NUM_ROWS: tl.constexpr,
+    ROW_WIDTH: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    HAS_PARTNER: tl.constexpr, CHECK_BOUNDS: tl.constexpr,
 ):
     """This program's entries: ``(entry_ok, rows, partner, row_ok, cols)``.
 
@@ -258,8 +252,11 @@ def plan_rows(
     last is ``x``'s, aliased when ``in_place``); a fresh result is
     ``(num_entries, d)`` of ``dtype``. Every kernel takes ``NUM_ENTRIES``,
     ``NUM_ROWS``, ``ROW_WIDTH``, ``BLOCK_ROWS``, ``BLOCK_COLS``,
-    ``HAS_PARTNER``, ``CACHE_MODIFIER`` and ``EVICTION_POLICY``, plus its own
-    ``constexprs``. ``itemsize`` (default ``dtype``'s) sizes the default tiling.
+    ``HAS_PARTNER``, ``CACHE_MODIFIER``, ``EVICTION_POLICY`` and ``AS_BYTES``
+    (a bool buffer, which jax-triton types ``*i1``, moves as raw bytes), plus
+    its own ``constexprs``. ``itemsize`` (default ``dtype``'s) sizes the
+    default tiling. Each op's ``plan_*`` is this for its kernel:
+    ``compile_for_target(plan)`` compiles exactly what the op launches.
     """
     num_rows, row_width = x_shape
     dtype = jnp.dtype(dtype)
@@ -285,7 +282,7 @@ def plan_rows(
             NUM_ENTRIES=num_entries, NUM_ROWS=num_rows, ROW_WIDTH=row_width,
             BLOCK_ROWS=tiling.block_rows, BLOCK_COLS=tiling.block_cols, HAS_PARTNER=has_partner,
             CACHE_MODIFIER=tiling.cache_modifier, EVICTION_POLICY=tiling.eviction_policy,
-            **constexprs,
+            **constexprs, AS_BYTES=dtype == jnp.bool_,
         ),
     )
 
