@@ -20,6 +20,11 @@ buffer against XLA's best formulation of the same write, in the same run:
   sequence at its own length, ``lengths = (lengths0 + t) mod T``. Ours
   ``at(cache)[jnp.arange(B), lengths].set(val)``; XLA
   ``cache.at[jnp.arange(B), lengths].set(val)``.
+* ``kv_block``: the same KV write with ``dynamic_update_slice``'s semantics
+  (``mode="clip"``: a position that does not fit is clamped, where jnp's
+  default drops it), which makes it one strided copy. Ours
+  ``at(kv)[:, pos].set(new, mode="clip")``; XLA
+  ``lax.dynamic_update_slice(kv, jax.device_put(new[:, None], Space.Host), (0, pos, 0))``.
 * ``block``: the contiguous insert with ``dynamic_update_slice``'s own
   semantics (a start that does not fit is clamped), at the ring's positions.
   Ours ``at(x)[jax.ds(pos, n)].set(y, mode="clip")``; XLA
@@ -56,7 +61,7 @@ from benchmarks.scan_runner import (
 )
 from pallas_pinned.testing import make_values, scatter_oracle
 
-PATTERN_OPS = ("ring", "ring_wrap", "kv", "decode", "block")
+PATTERN_OPS = ("ring", "ring_wrap", "kv", "decode", "block", "kv_block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +97,7 @@ GPU_PATTERNS = (
     PatternCase("decode", (64, 4096, 1024), "bfloat16", 64),
     PatternCase("block", (1 << 20, 256), "float32", 64),
     PatternCase("block", (1 << 19, 256), "float32", 1024),
+    PatternCase("kv_block", (32, 4096, 1024), "bfloat16", 32),
 )
 CPU_PATTERNS = (
     PatternCase("ring", (256, 16), "float32", 16),
@@ -99,6 +105,7 @@ CPU_PATTERNS = (
     PatternCase("kv", (4, 32, 16), "bfloat16", 4),
     PatternCase("decode", (8, 32, 16), "float32", 8),
     PatternCase("block", (256, 16), "float32", 16),
+    PatternCase("kv_block", (4, 32, 16), "bfloat16", 4),
 )
 
 
@@ -108,6 +115,9 @@ _DESCRIPTIONS = {
     "ring_wrap": ("at(x)[jax.ds(pos, n)].set(y, mode='wrap'), pos = t*n mod N, wraps",
                   "x.at[(pos + arange(n)) % N].set(y)"),
     "kv": ("at(kv)[:, pos].set(new), pos = t mod T", "kv.at[:, pos].set(new)"),
+    "kv_block": ("at(kv)[:, pos].set(new, mode='clip'), pos = t mod T",
+                 "lax.dynamic_update_slice(kv, jax.device_put(new[:, None], Space.Host), "
+                 "(0, pos, 0))"),
     "decode": ("at(cache)[arange(B), lengths].set(val), lengths = (lengths0 + t) mod T",
                "cache.at[arange(B), lengths].set(val)"),
     "block": ("at(x)[jax.ds(pos, n)].set(y, mode='clip'), pos = t*n mod N",
@@ -125,7 +135,7 @@ def step_index(case: PatternCase, t, lengths0):
     """What locates step ``t``'s write: a position, or per-sequence lengths."""
     if case.op in ("ring", "ring_wrap", "block"):
         return (t * case.rows) % case.shape[0]
-    if case.op == "kv":
+    if case.op in ("kv", "kv_block"):
         return t % case.shape[1]
     return (lengths0 + t) % case.shape[1]
 
@@ -150,6 +160,8 @@ def write_fn(case: PatternCase, provider: str, backend: str) -> Callable:
         "block": dus,
         "ring_wrap": lambda x, pos, y: x.at[(pos + jnp.arange(n)) % num].set(y),
         "kv": lambda x, pos, new: x.at[:, pos].set(new),
+        "kv_block": lambda x, pos, new: lax.dynamic_update_slice(
+            x, jax.device_put(new[:, None], jax.memory.Space.Host), (0, pos, 0)),
         "decode": lambda x, lengths, val: x.at[jnp.arange(num), lengths].set(val),
     }[case.op]
 
@@ -159,6 +171,8 @@ def _ours(op: str, n: int, backend: str, x, where, values):
         return pp.at(x)[jax.ds(where, n)].set(values, mode="wrap", backend=backend)
     if op == "block":
         return pp.at(x)[jax.ds(where, n)].set(values, mode="clip", backend=backend)
+    if op == "kv_block":
+        return pp.at(x)[:, where].set(values, mode="clip", backend=backend)
     if op == "kv":
         return pp.at(x)[:, where].set(values, backend=backend)
     return pp.at(x)[jnp.arange(x.shape[0]), where].set(values, backend=backend)
