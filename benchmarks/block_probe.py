@@ -58,6 +58,7 @@ import numpy as np
 from jax import lax
 
 import pallas_pinned as pp
+from benchmarks import hlo
 from pallas_pinned import tuning
 from pallas_pinned.testing import time_calls
 
@@ -107,14 +108,15 @@ def run_case(num_rows, n, width, steps, repeats):
     positions = jnp.asarray(rng.integers(0, num_rows - n, steps).astype(np.int32))
     ys = jnp.asarray(rng.standard_normal((steps, n, width)).astype(np.float32))
     x0 = np.zeros((num_rows, width), np.float32)
-    results, finals = {}, {}
+    results, finals, step_ops = {}, {}, {}
     for name, (write, block_copy) in _writers(n).items():
         def loop(x, write=write):
             return lax.scan(lambda x, a: (write(x, *a), None), x, (positions, ys))[0]
 
         with tuning.override(block_copy=block_copy):
-            step = jax.jit(loop, donate_argnums=0)
+            step = jax.jit(loop, donate_argnums=0).lower(_host(x0)).compile()
             x, seconds = time_calls(step, _host(x0), repeats=repeats, warmup=1)
+        step_ops[name] = hlo.kernels_per_step(step.as_text(), steps).ops
         finals[name] = np.asarray(x)  # Host memory already: no device round trip.
         results[name] = [s / steps * 1e6 for s in seconds]
     for name, final in finals.items():
@@ -133,7 +135,7 @@ def run_case(num_rows, n, width, steps, repeats):
         results[name] = [s / steps * 1e6 for s in seconds]
     if len({round(v, 2) for v in outs.values()}) != 1:
         raise AssertionError(f"reads disagree: {outs}")
-    return results
+    return results, step_ops
 
 
 def main(argv=None):
@@ -152,12 +154,16 @@ def main(argv=None):
           list(_writers(1)) + list(_readers(1))) + "   (us per step, median)")
     for n, width in cases:
         num_rows = buffer_bytes // (width * 4)
-        res = run_case(num_rows, n, width, steps, repeats)
+        res, step_ops = run_case(num_rows, n, width, steps, repeats)
         med = {k: statistics.median(v) for k, v in res.items()}
+        same = step_ops["ours_promise"] == step_ops["xla_dus"]
         records.append({"n": n, "row_bytes": width * 4, "us": res, "median_us": med,
                         "min_us": {k: min(v) for k, v in res.items()},
-                        "max_us": {k: max(v) for k, v in res.items()}})
+                        "max_us": {k: max(v) for k, v in res.items()},
+                        "step_ops": step_ops, "promise_same_step_ops_as_xla_dus": same})
         print(f"{n:>7} x {width * 4:>4} " + " ".join(f"{med[k]:13.1f}" for k in med))
+        print(f"    ours_promise's compiled step launches what xla_dus's does: {same} "
+              f"({step_ops['ours_promise']} / {step_ops['xla_dus']})")
     meta = {"jax": jax.__version__, "device": str(jax.devices()[0]), "steps": steps,
             "repeats": repeats, "buffer_bytes": buffer_bytes}
     if args.out:
