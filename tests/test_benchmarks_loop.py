@@ -182,7 +182,7 @@ def test_choose_backends_covers_set_add_and_gather():
         _row("ours_get", "pallas", 16, 30.0), _row("ours_get", "triton", 16, 20.0),
         _row("xla_get", "-", 16, 25.0),
         _row("ours_get", "pallas", 4096, 90.0),  # no XLA twin: not compared
-        _row("ours_get", "auto", 16, 1.0),  # what the table decides: not a candidate
+        _row("ours_get", "auto", 16, 1.0),  # what the table decides: recorded, not a candidate
     ]
     classes, choices = choose_backends.choose(records)
     assert classes == [16, 4096]
@@ -191,10 +191,28 @@ def test_choose_backends_covers_set_add_and_gather():
     # path (it loses the sparse-training client with duplicates), even here.
     assert choices["add"]["float32"]["4096"]["backend"] == "pallas"
     assert choices["gather"]["float32"]["16"] == {
-        "backend": "triton", "pallas_us": 30.0, "triton_us": 20.0, "xla_us": 25.0, "cases": 1}
+        "backend": "triton", "pallas_us": 30.0, "triton_us": 20.0, "xla_us": 25.0,
+        "auto_us": 1.0, "cases": 1}
     assert "4096" not in choices["gather"]["float32"]
     wrong = [dict(r, correct=False) if r["provider"] == "ours_get" else r for r in records]
     assert "gather" not in choose_backends.choose(wrong)[1]
+
+
+def test_choose_backends_keeps_the_set_kernel_where_auto_s_xla_path_was_not_faster():
+    # XLA's bare set beats the kernel in both classes; ours with auto (XLA's path after
+    # our de-duplication, measured where the table then said xla) beats the kernel by
+    # more than the noise only in the first: only that class takes XLA's path.
+    records = [
+        _row("ours_set", "pallas", 16, 20.0), _row("ours_set", "triton", 16, 30.0),
+        _row("xla_set", "-", 16, 10.0), _row("ours_set", "auto", 16, 12.0),
+        _row("ours_set", "pallas", 1024, 28.0), _row("ours_set", "triton", 1024, 40.0),
+        _row("xla_set", "-", 1024, 25.0), _row("ours_set", "auto", 1024, 51.0),
+    ]
+    choices = choose_backends.choose(records)[1]["set"]["float32"]
+    assert choices["16"]["backend"] == "xla"
+    assert choices["1024"]["backend"] == "pallas"
+    no_auto = [r for r in records if r["backend"] != "auto"]
+    assert choose_backends.choose(no_auto)[1]["set"]["float32"]["1024"]["backend"] == "xla"
 
 
 def test_choose_backends_names_an_unmeasured_op(tmp_path, capsys):
