@@ -40,10 +40,10 @@ device). About ``D`` times fewer bytes, but XLA's all-to-all has static
 shapes: each receive buffer needs a capacity, and rows that all land on one
 shard need capacity ``n``, i.e. the all-gather's memory; a smaller capacity
 needs an overflow path. The all-gather needs no bound, no second key and no
-count exchange. ``tests/test_sharded.py`` checks the collectives' sizes in the
-compiled HLO against the list above; nothing about speed is measured on CPU,
-where it means nothing (the "devices" share one memory, collectives are
-memcpys).
+count exchange. ``tests/sharded_child.py`` (run by ``tests/test_sharded.py``)
+checks the collectives' sizes in the compiled HLO against the list above;
+nothing about speed is measured on CPU, where it means nothing (the "devices"
+share one memory, collectives are memcpys).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Test setup shared by every module: two CPU devices, the GPU marker, seeds, the skip summary.
 
+Also: compiles without XLA's CPU optimizations when there is no GPU, and the
+slowest modules first (for pytest-xdist, which dev.sh runs).
+
 Two CPU devices exist so that "inputs on different devices" is testable on a
 laptop; GPU tests (``@pytest.mark.gpu``) are skipped unless a CUDA GPU is seen.
 In CI (``CI=true``) a test skipped because a dependency of the ``[test]``
@@ -22,8 +25,24 @@ jax.config.update("jax_num_cpu_devices", 2)
 
 from tests.helpers import EXTRA_SKIP_REASONS, has_gpu  # noqa: E402  (may initialize backends)
 
+# Without a GPU the suite compiles thousands of tiny programs and runs each once
+# or twice: XLA's CPU optimizations (LLVM's) cost more compile time than they
+# could save, as for tests/index_support.py's FAST_COMPILE. The environment
+# variable carries the choice to child processes; set it to 0 to optimize.
+if not has_gpu() and "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ:
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+    jax.config.update("jax_disable_most_optimizations", True)
+
+# The modules that take longest (child processes, whole notebooks) go first: with
+# several workers (dev.sh: pytest-xdist, one module per worker at a time, in
+# this order) the short ones then fill in around them and the workers finish
+# together.
+FIRST = ("test_sharded.py", "test_provenance.py", "test_notebooks.py")
+
 
 def pytest_collection_modifyitems(config, items):
+    rank = {name: k for k, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # Stable: others keep order.
     if has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marker 'gpu'); none found")

@@ -123,6 +123,21 @@ TRITON = pytest.param(
 )
 BACKENDS = ["xla", "interpret", "auto", PALLAS, TRITON]
 KERNEL_BACKENDS = ["interpret", PALLAS, TRITON]
+# Off CUDA, "auto" runs the "xla" case's code: its kernel choice is the CUDA
+# branch of a lax.platform_dependent whose default is XLA's own. On a grid of
+# values (dtypes, modes, shapes, counts, promises) it repeats the xla case, so
+# VALUE_BACKENDS runs it only where a GPU is seen. auto keeps its CPU cases
+# where it takes another route than "xla" (index forms that are blocks, device
+# memory) or where that platform_dependent meets jit, loops, donation, vmap or
+# grad; which route it picks: tests/test_backends.py.
+AUTO_REPEATS_XLA = "auto runs the xla case's code off CUDA"
+VALUE_BACKENDS = [
+    "xla",
+    "interpret",
+    pytest.param("auto", marks=pytest.mark.skipif(not has_gpu(), reason=AUTO_REPEATS_XLA)),
+    PALLAS,
+    TRITON,
+]
 assert sorted(p if isinstance(p, str) else p.values[0] for p in BACKENDS) == sorted(
     testing.BACKENDS
 ), "tests/helpers.py must list every backend of pallas_pinned.testing.BACKENDS"

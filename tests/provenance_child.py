@@ -1,10 +1,12 @@
-"""Child process of tests/test_provenance.py: one buffer maker, every op, backend and mode.
+"""Child process of tests/test_provenance.py: buffer makers, each through every op, backend, mode.
 
-Run as ``python tests/provenance_child.py MAKER BACKEND[,BACKEND...]``. A buffer
-whose type disagrees with its sharding can make jax abort the whole process
-(jax 0.12 on CPU), so every provenance case runs here, away from pytest. The
-child prints one JSON object per line and flushes each at once:
+Run as ``python tests/provenance_child.py MAKER[,MAKER...] BACKEND[,BACKEND...]``;
+the makers run one after another. A buffer whose type disagrees with its
+sharding can make jax abort the whole process (jax 0.12 on CPU), so every
+provenance case runs here, away from pytest. The child prints one JSON object
+per line and flushes each at once:
 
+* ``{"begin": maker}`` before each maker's records;
 * ``{"skip": reason}`` when the maker cannot exist here (orbax or torch
   missing, no CUDA, no such memory kind);
 * ``{"maker": ..., "memory_kind": ..., ...}``: what the maker made, and what
@@ -13,7 +15,7 @@ child prints one JSON object per line and flushes each at once:
   "note": ...}`` after it (``error`` is None when it passed; ``note`` is
   "borrowed" when x was memory jax does not own, see below), so a process
   that dies names the case it died in;
-* ``{"done": count}`` at the end.
+* ``{"done": count}`` at the end of the maker's cases.
 
 Every case uses fresh random data (multiples of 1/4, so sums are exact in any
 order), indices with a duplicate, a negative and out-of-range rows, and checks
@@ -36,7 +38,8 @@ import pallas_pinned as pp
 from pallas_pinned.testing import assert_same, gather_oracle, scatter_add_oracle, scatter_oracle
 
 NUM_ROWS, WIDTH, NUM_INDICES = 16, 3, 7
-OPS = ("set", "add", "gather", "at_set", "at_add", "at_get")
+# pp.at(x)[i].set/add/get make the very same calls (pallas_pinned/at.py).
+OPS = ("set", "add", "gather")
 MODES = ("eager", "jit")
 
 
@@ -173,23 +176,7 @@ def _op(op: str, backend: str):
     def gather(x, i):
         return pp.gather_from_host(x, i, mode="fill", backend=backend)
 
-    def at_set(x, i, u):
-        return pp.at(x)[i].set(u, backend=backend)
-
-    def at_add(x, i, u):
-        return pp.at(x)[i].add(u, backend=backend)
-
-    def at_get(x, i):
-        return pp.at(x)[i].get(mode="fill", backend=backend)
-
-    return {
-        "set": set_,
-        "add": add,
-        "gather": gather,
-        "at_set": at_set,
-        "at_add": at_add,
-        "at_get": at_get,
-    }[op]
+    return {"set": set_, "add": add, "gather": gather}[op]
 
 
 def _quarters(rng, shape) -> np.ndarray:
@@ -242,9 +229,9 @@ def run_case(maker: str, op: str, backend: str, mode: str) -> str | None:
         arg = pp.fix_memory_space(buf)
         out_sharding = buf.sharding if writes and kind == "unpinned_host" else None
         out = _user_jit(op, backend, out_sharding)(arg, *args)
-    if op in ("set", "at_set"):
+    if op == "set":
         expected = scatter_oracle(x0, idx, upd)
-    elif op in ("add", "at_add"):
+    elif op == "add":
         expected = scatter_add_oracle(x0, idx, upd)
     else:
         expected = gather_oracle(x0, idx, "fill")
@@ -306,4 +293,6 @@ def main(maker: str, backends: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2].split(","))
+    for name in sys.argv[1].split(","):
+        emit(begin=name)
+        main(name, sys.argv[2].split(","))

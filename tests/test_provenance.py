@@ -3,18 +3,20 @@
 The same buffer can be described differently depending on what made it:
 a ``SingleDeviceSharding`` or a ``NamedSharding``, a type whose memory space
 says host or (wrongly, jax 0.11-0.12) device, memory jax owns or memory it
-borrows. For each maker, every op (set, add, gather and the ``at`` front end's
-set, add, get), every backend available and both modes (eager; under the
-user's own ``jax.jit``, donating for set/add) must give the numpy oracle's
-answer, in the buffer's memory kind, in place when eager.
+borrows. For each maker, every op (set, add, gather: the ``at`` front end's
+set, add and get make the very same calls), every backend available and both
+modes (eager; under the user's own ``jax.jit``, donating for set/add) must
+give the numpy oracle's answer, in the buffer's memory kind, in place when
+eager.
 
 Under the user's own jit a trace sees only the type: the documented way in
 is ``pp.fix_memory_space(buf)`` (zero-copy), and for an ``unpinned_host``
 buffer (whose type always says device) ``out_shardings=buf.sharding``. jax
 0.12 on CPU aborts the whole process when a donated buffer and the planned
-result disagree, so each maker runs in a child process
-(tests/provenance_child.py): an abort fails that maker's test with the
-child's stderr and the case it died in, and never takes pytest down.
+result disagree, so the makers run in child processes
+(tests/provenance_child.py), several in turn in each: an abort fails the test
+of the maker it hit, with the child's stderr and the case it died in, a fresh
+child takes the makers after it, and pytest never goes down.
 """
 
 from __future__ import annotations
@@ -49,26 +51,27 @@ MAKERS = (
     "dlpack_pinned_torch",
     "unpinned_host",
 )
-OPS = ("set", "add", "gather", "at_set", "at_add", "at_get")
+OPS = ("set", "add", "gather")
 CPU_BACKENDS = ("xla", "interpret", "auto")
 GPU_BACKENDS = CPU_BACKENDS + ("pallas",) + (("triton",) if triton_available() else ())
 PLATFORM_BACKENDS = {"cpu": CPU_BACKENDS, "cuda": GPU_BACKENDS}
-_OWN_PROGRAMS = (
-    "device_put_numpy",
-    "jit_out_single_device_sharding",
-    "jit_out_named_sharding",
-    "unpinned_host",
-)
 
 
 class _Children:
-    """Runs the children side by side; each test waits for its own maker's."""
+    """Runs the makers in child processes; each test waits for its own maker's report.
+
+    A child runs several makers in turn (their programs compile once), and
+    few children run side by side. jax may abort a whole child (above): that
+    fails only the maker it was running, and a fresh child takes the rest.
+    """
 
     def __init__(self, cache_dir: Path):
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
+        # One child per 4 cores: on a small machine one child, which is the cheapest.
+        self._children = max(1, (os.cpu_count() or 1) // 4)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self._children)
         self._futures: dict[tuple[str, str], concurrent.futures.Future] = {}
         # Children compile the same programs: a shared compilation cache
-        # makes every child after the first mostly a cache hit.
+        # makes a child after the first mostly a cache hit.
         self._env = dict(
             os.environ,
             JAX_COMPILATION_CACHE_DIR=str(cache_dir),
@@ -78,29 +81,72 @@ class _Children:
         )
 
     def start(self, keys) -> None:
-        # Makers that compile programs of their own (a sharding or memory kind
-        # no other maker has) first, so that the rest find them in the cache.
-        for key in sorted(keys, key=lambda k: k[0] not in _OWN_PROGRAMS):
-            if key not in self._futures:
-                self._futures[key] = self._pool.submit(self._run, *key)
+        by_platform: dict[str, list[str]] = {}
+        for maker, platform in keys:
+            if (maker, platform) not in self._futures:
+                self._futures[maker, platform] = concurrent.futures.Future()
+                by_platform.setdefault(platform, []).append(maker)
+        for platform, makers in by_platform.items():
+            for k in range(min(self._children, len(makers))):
+                self._pool.submit(self._run_all, makers[k :: self._children], platform)
 
     def result(self, key) -> subprocess.CompletedProcess:
         self.start([key])
         return self._futures[key].result()
 
-    def _run(self, maker: str, platform: str) -> subprocess.CompletedProcess:
+    def _run_all(self, makers: list[str], platform: str) -> None:
+        """Children for ``makers`` until each has its report (a child that died in one: its own)."""
+        try:
+            while makers:
+                done = self._run(makers, platform)
+                reports = _split_by_maker(done, makers)
+                for maker, report in reports.items():
+                    self._futures[maker, platform].set_result(report)
+                makers = [m for m in makers if m not in reports]
+        except BaseException as err:  # noqa: BLE001 - every waiting test sees it.
+            for maker in makers:
+                if not self._futures[maker, platform].done():
+                    self._futures[maker, platform].set_exception(err)
+
+    def _run(self, makers: list[str], platform: str) -> subprocess.CompletedProcess:
         backends = ",".join(PLATFORM_BACKENDS[platform])
         return subprocess.run(
-            [sys.executable, str(CHILD), maker, backends],
+            [sys.executable, str(CHILD), ",".join(makers), backends],
             env=dict(self._env, JAX_PLATFORMS=platform),
             cwd=REPO,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=600 + 60 * len(makers),
         )
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _split_by_maker(done: subprocess.CompletedProcess, makers: list[str]) -> dict:
+    """Each maker's report, as if it had run alone, for the makers the child got through.
+
+    A maker that finished (``done`` or ``skip``) passed rc 0; the one the child
+    died in (or, dying while setting up, the first) gets the child's rc and
+    stderr. The makers after it are left for another child.
+    """
+    lines: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        if line.startswith('{"begin": '):
+            lines[json.loads(line)["begin"]] = []
+        elif lines:
+            lines[next(reversed(lines))].append(line)
+    reports = {}
+    for maker in makers:
+        records = [json.loads(line) for line in lines.get(maker, []) if line.startswith("{")]
+        text = "\n".join(lines.get(maker, []))
+        if any("done" in record or "skip" in record for record in records):
+            reports[maker] = subprocess.CompletedProcess(done.args, 0, text, "")
+        else:  # The child stopped in this maker: its outcome is the child's.
+            rc = done.returncode or 1  # rc 0 without a report is a failure too.
+            reports[maker] = subprocess.CompletedProcess(done.args, rc, text, done.stderr)
+            break
+    return reports
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +157,7 @@ def children(tmp_path_factory):
 
 
 def _start_all_selected(children, request, platform: str) -> None:
-    """Starts a child for every maker this session will test, not only this one."""
+    """Starts the children for every maker this session will test, not only this one."""
     keys = [
         (item.callspec.params["maker"], platform)
         for item in request.session.items
