@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The project's two commands, each setting up what it needs first:
 #   bash dev.sh demo [args]   the periodic-update demo (checks its own result)
-#   bash dev.sh test [args]   ruff, then the test suite (pytest args pass through);
-#                             it lists the 15 slowest tests at the end
+#   bash dev.sh test [args]   ruff, then the test suite on every core (pytest args
+#                             pass through); it lists the 15 slowest tests at the end.
+#                             Without args it then runs the jax-triton 0.4 tests in
+#                             .venv-jt04 (jax-triton 0.4.1 + triton >= 3.7)
 # Both create .venv with Python 3.12 (pyenv reads .python-version) and install
 # the package with its test extra. PYTHON=/path/to/python3.12 overrides.
 set -euo pipefail
@@ -37,10 +39,34 @@ setup() {
   fi
 }
 
+setup_jax_triton_04() {
+  if [ ! -x .venv-jt04/bin/python ]; then "$(find_python)" -m venv .venv-jt04; fi
+  if [ ! -f .venv-jt04/.installed ] || [ pyproject.toml -nt .venv-jt04/.installed ]; then
+    .venv-jt04/bin/python -m pip install -q --upgrade pip
+    .venv-jt04/bin/python -m pip install -q -e ".[test-jax-triton-04]"
+    touch .venv-jt04/.installed
+  fi
+}
+
 command=${1:-}
 shift || true
 case "$command" in
   demo) setup; exec .venv/bin/python -m pallas_pinned "$@" ;;
-  test) setup; .venv/bin/ruff check .; exec .venv/bin/python -m pytest --durations=15 "$@" ;;
+  test)
+    setup
+    .venv/bin/ruff check .
+    # One pytest-xdist worker per core, at most 4 (each imports jax and compiles
+    # its own programs); a module stays on one worker (module fixtures run
+    # once), in the order conftest.py gives. -n 0 runs in one process.
+    workers=$(nproc 2>/dev/null || echo 2)
+    if [ "$workers" -gt 4 ]; then workers=4; fi
+    .venv/bin/python -m pytest --durations=15 -n "$workers" --dist loadfile \
+      --no-loadscope-reorder -m "not jax_triton_04" "$@"
+    if [ "$#" -gt 0 ]; then exit 0; fi
+    # jax-triton 0.4 needs triton >= 3.7, which cannot sit beside the [triton] pair
+    # (jax-triton 0.3.1 + triton 3.6): its tests run in an environment of their own.
+    setup_jax_triton_04
+    exec .venv-jt04/bin/python -m pytest -q -p no:cacheprovider -m jax_triton_04 \
+      tests/test_triton_launch.py tests/test_triton_guard.py ;;
   *) echo "usage: bash dev.sh {demo|test} [args...]" >&2; exit 2 ;;
 esac

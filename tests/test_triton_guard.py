@@ -195,6 +195,7 @@ def _installed_jax_triton() -> str | None:
         return None
 
 
+@pytest.mark.jax_triton_04  # Runs in dev.sh's jax-triton 0.4 environment.
 @needs_triton
 def test_jax_triton_04_that_does_not_fit_this_jax_is_refused(monkeypatch):
     version = _installed_jax_triton()

@@ -43,6 +43,16 @@ except importlib.metadata.PackageNotFoundError:
 
 
 def _needs_series(series: str):
+    """Skips unless jax-triton ``series`` is installed; 0.4's tests also carry the
+    ``jax_triton_04`` marker: ``bash dev.sh test`` runs them in a second environment
+    with that series (it cannot be installed beside the [triton] pair)."""
+    skip = _skip_unless_series(series)
+    if series != "0.4":
+        return skip
+    return lambda test: pytest.mark.jax_triton_04(skip(test))
+
+
+def _skip_unless_series(series: str):
     if _NO_TRITON is not None:
         reason = _NO_TRITON
     elif _INSTALLED is None:
