@@ -19,6 +19,7 @@ __all__ = [
     "add_accumulator_dtype",
     "combine_duplicates",
     "dedupe_last_wins",
+    "drop_superseded",
     "drop_superseded_small",
     "index_dtype",
     "normalize_rows",
@@ -125,6 +126,18 @@ def drop_superseded_small(rows: jax.Array, num_rows: int) -> jax.Array:
     later = jnp.arange(n)[None, :] > jnp.arange(n)[:, None]
     superseded = jnp.any((rows[:, None] == rows[None, :]) & later, axis=1)
     return jnp.where(superseded, skip_row(num_rows, rows.dtype), rows)
+
+
+def drop_superseded(rows: jax.Array, num_rows: int, *, small_max: int, presorted: bool = False):
+    """The last occurrence of each row wins; returns ``(rows, src)`` as :func:`dedupe_last_wins`.
+
+    Up to ``small_max`` entries (and rows not already ascending): the fused ``n x n``
+    check of :func:`drop_superseded_small`, in input order (``src`` is ``None``);
+    beyond, the stable sort.
+    """
+    if not presorted and rows.shape[0] <= small_max:
+        return drop_superseded_small(rows, num_rows), None
+    return dedupe_last_wins(rows, num_rows, presorted=presorted)
 
 
 # How duplicate updates of one row combine, and how the total meets the row.
