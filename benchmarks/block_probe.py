@@ -26,11 +26,12 @@ kernel rows cost what the loop benchmark's set costs for the same rows
 (18-28 µs at 64-1024 x 1 KiB on the H200, against 8.8 µs for XLA's copy).
 Every variant's final buffer is checked against the ``xla_dus`` one.
 
-Outcome (H200, 2026-12-03, results/block_probe_h200.json): the prediction
-was wrong twice. Kernel rows matched XLA's copy (7.9 / 30.2 / 96.1 against
-8.0 / 29.3 / 90.9 µs for 64 x 1 KiB, 1024 x 1 KiB, 16384 x 256 B: the block
-plan's rows are known distinct and ascending, so the write is one launch with
-no de-duplication), while our block copy took 12.2 / 53.0 / 177 µs, about one
+Outcome of the first run (H200, 2026-12-03 09:17 UTC; its results file has
+since been replaced by the run below): the prediction was wrong twice.
+Kernel rows matched XLA's copy (7.9 / 30.2 / 96.1 against 8.0 / 29.3 / 90.9
+µs for 64 x 1 KiB, 1024 x 1 KiB, 16384 x 256 B: the block plan's rows are
+known distinct and ascending, so the write is one launch with no
+de-duplication), while our block copy took 12.2 / 53.0 / 177 µs, about one
 more transfer of the block than XLA's own formulation, and the read-back of
 the default mode added nothing measurable. So ``auto`` wrote blocks of a
 host buffer as kernel rows.
@@ -43,6 +44,11 @@ clamps, and its HLO is XLA's own formulation's. Prediction for the next run:
 ``ours_promise`` costs what ``xla_dus`` costs; ``ours_drop`` one more block
 read; ``auto`` takes the copy for a set without a run-time check (clip,
 promise, static starts) and for every read, kernel rows otherwise.
+
+Outcome (H200, 2026-12-03 13:57 UTC, results/block_probe_h200.json): as
+predicted. ``ours_promise`` 8.2 / 29.3 / 91.8 us against ``xla_dus`` 9.0 /
+29.6 / 94.6, their compiled steps launching the same ops at every size;
+``ours_drop`` 13.6 / 52.1 / 177.4.
 """
 
 from __future__ import annotations

@@ -58,10 +58,11 @@ class Thresholds:
     # A set whose traced start a dropping mode must check would have to read
     # the block back first (one more transfer of it): kernel rows serve it, and
     # other writes too, unless this is True. Measured on the H200 (benchmarks/
-    # results/block_probe_h200.json, 2026-12-03, us per step in a scan, 64 x 1
-    # KiB / 1024 x 1 KiB / 16384 x 256 B): the copy with the read-back 12.2 /
-    # 53.0 / 177, kernel rows 7.9 / 30.2 / 96.1, XLA's own copy 8.0 / 29.3 /
-    # 90.9. Device-memory buffers always take the copy (XLA's home turf).
+    # results/block_probe_h200.json, 2026-12-03 13:57 UTC, us per step in a scan,
+    # 64 x 1 KiB / 1024 x 1 KiB / 16384 x 256 B): the copy without a check 8.2 /
+    # 29.3 / 91.8, with the read-back 13.6 / 52.1 / 177.4, kernel rows 8.7 / 29.9
+    # / 91.7, XLA's own copy 9.0 / 29.6 / 94.6. Device-memory buffers always take
+    # the copy (XLA's home turf).
     block_copy: bool = False
     # False turns the locality sort off altogether (rows with duplicates are
     # still de-duplicated). For benchmarks that measure what sorting buys.
