@@ -25,15 +25,20 @@ from jax.experimental.pallas import triton as plgpu
 from .row_layout import next_pow2, offsets_fit, skip_row
 
 __all__ = [
+    "MAX_FUSED_BLOCK_ROWS",
+    "MAX_SEARCH_CHUNK",
     "RowGrid",
     "RowTiling",
     "Tile",
     "choose_row_tiling",
     "dest_rows",
     "launch_row_kernel",
+    "matching_entries",
     "next_pow2",
+    "normalized_indices",
     "offsets_fit",
     "program_entries",
+    "raw_entries",
     "skip_row",
     "tile_lanes",
 ]
@@ -45,6 +50,16 @@ __all__ = [
 _TILE_BYTES = 16 * 1024
 # Widest column block, in bytes; wider rows are split across programs.
 _MAX_COL_BLOCK_BYTES = 4096
+
+
+# The one-launch paths (raw indices, duplicates found inside the kernel):
+# entries compared per loop step of the duplicate search (up to 1 Ki batches
+# need one step; each step waits for a load and a reduction), and entries per
+# program. Short programs spread a small batch over many SMs (the H200 loop
+# probe: 64 x 1 KiB rows in 4 programs of 16 rows took longer than XLA's
+# scatter) and keep the block_rows x chunk comparison small.
+MAX_SEARCH_CHUNK = 1024
+MAX_FUSED_BLOCK_ROWS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +109,46 @@ def program_entries(grid: RowGrid):
     k = first + jnp.arange(grid.block_rows)
     cols = pl.program_id(1) * grid.block_cols + jnp.arange(grid.block_cols)
     return first, k, cols, k < grid.num_entries
+
+
+def normalized_indices(raw, num_rows: int, mode: str | None):
+    """``(rows, in_range)`` of raw indices, in a kernel: wrap negatives once, then apply ``mode``.
+
+    The one-launch paths take the caller's indices as they are; this is the
+    normalization the other paths do with XLA ops before the launch.
+    """
+    rows = jnp.where(raw < 0, raw + num_rows, raw)
+    if mode == "clip":
+        return jnp.clip(rows, 0, num_rows - 1), jnp.ones(rows.shape, bool)
+    if mode == "promise_in_bounds":
+        return rows, jnp.ones(rows.shape, bool)
+    return rows, (rows >= 0) & (rows < num_rows)
+
+
+def matching_entries(indices_ref, j, rows, *, num_entries: int, num_rows: int, mode):
+    """``(block_rows, len(j))``: entry ``j`` of the batch writes the row ``rows[b]``.
+
+    ``j`` is a chunk of entry numbers (those past the batch never match);
+    raw indices are normalized with ``mode``, and entries out of range under
+    a dropping mode match nothing. The one-launch paths find duplicates so.
+    """
+    j_ok = j < num_entries
+    other_rows, in_range = normalized_indices(
+        plgpu.load(indices_ref.at[j], mask=j_ok, other=0), num_rows, mode
+    )
+    return (rows[:, None] == other_rows[None, :]) & (j_ok & in_range)[None, :]
+
+
+def raw_entries(indices_ref, grid: RowGrid, mode):
+    """``(first, k, cols, rows, row_ok)`` of a one-launch program: its entries' normalized rows.
+
+    ``row_ok`` marks the entries that exist and, under a dropping mode, are in range.
+    """
+    first, k, cols, k_ok = program_entries(grid)
+    rows, in_range = normalized_indices(
+        plgpu.load(indices_ref.at[k], mask=k_ok, other=0), grid.num_rows, mode
+    )
+    return first, k, cols, rows, k_ok & in_range
 
 
 class Tile(NamedTuple):

@@ -28,13 +28,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .pallas_common import (
+    MAX_FUSED_BLOCK_ROWS,
+    MAX_SEARCH_CHUNK,
     RowGrid,
     RowTiling,
     choose_row_tiling,
     dest_rows,
     launch_row_kernel,
+    matching_entries,
     next_pow2,
-    program_entries,
+    raw_entries,
     tile_lanes,
 )
 
@@ -81,24 +84,6 @@ def scatter_rows(
 # wins without a sort and the whole call is a single launch. The comparisons
 # grow as n**2 / block_rows, which is why only small batches take this path.
 
-# Update entries compared per loop step of the duplicate search: up to 1 Ki
-# batches need one step; each step waits for a load and a reduction.
-_MAX_CHUNK = 1024
-# Entries per program on this path. Short programs spread a small batch over
-# many SMs (the H200 loop probe: 64 x 1 KiB rows in 4 programs of 16 rows took
-# longer than XLA's scatter) and keep the block_rows x chunk comparison small.
-_MAX_FUSED_BLOCK_ROWS = 8
-
-
-def _normalized(raw, num_rows: int, mode: str | None):
-    """``(rows, in_range)`` of raw indices: wrap negatives once, then apply ``mode``."""
-    rows = jnp.where(raw < 0, raw + num_rows, raw)
-    if mode == "clip":
-        return jnp.clip(rows, 0, num_rows - 1), jnp.ones(rows.shape, bool)
-    if mode == "promise_in_bounds":
-        return rows, jnp.ones(rows.shape, bool)
-    return rows, (rows >= 0) & (rows < num_rows)
-
 
 def scatter_rows_fused_kernel(
     indices_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, chunk: int,
@@ -107,21 +92,14 @@ def scatter_rows_fused_kernel(
     """Writes one tile of raw-indexed updates; entries superseded later are skipped."""
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
     num_updates, num_rows = grid.num_entries, grid.num_rows
-    first, k, cols, k_ok = program_entries(grid)
-    rows, in_range = _normalized(
-        plgpu.load(indices_ref.at[k], mask=k_ok, other=0), num_rows, mode
-    )
-    row_ok = k_ok & in_range
+    first, k, cols, rows, row_ok = raw_entries(indices_ref, grid, mode)
     if drop_superseded:
 
         def search_chunk(c, superseded):
             j = c * chunk + jnp.arange(chunk)
-            j_ok = j < num_updates
-            later, later_in_range = _normalized(
-                plgpu.load(indices_ref.at[j], mask=j_ok, other=0), num_rows, mode
-            )
-            hit = (rows[:, None] == later[None, :]) & (j[None, :] > k[:, None])
-            hit = hit & (j_ok & later_in_range)[None, :]
+            hit = matching_entries(
+                indices_ref, j, rows, num_entries=num_updates, num_rows=num_rows, mode=mode
+            ) & (j[None, :] > k[:, None])
             return jnp.maximum(superseded, jnp.max(hit.astype(jnp.int32), axis=1))
 
         # Only later entries can supersede: start at this program's own chunk.
@@ -159,10 +137,11 @@ def scatter_rows_fused(
         raise ValueError(f"{num_rows} rows do not fit indices of type {indices.dtype}")
     tiling = tiling or choose_row_tiling(num_updates, row_width, x.dtype.itemsize)
     tiling = dataclasses.replace(
-        tiling, block_rows=min(tiling.block_rows, _MAX_FUSED_BLOCK_ROWS)
+        tiling, block_rows=min(tiling.block_rows, MAX_FUSED_BLOCK_ROWS)
     )
     return launch_row_kernel(
         scatter_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_rows_fused",
-        chunk=min(_MAX_CHUNK, next_pow2(num_updates)), mode=mode, drop_superseded=drop_superseded,
+        chunk=min(MAX_SEARCH_CHUNK, next_pow2(num_updates)), mode=mode,
+        drop_superseded=drop_superseded,
     )

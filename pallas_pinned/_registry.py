@@ -143,7 +143,7 @@ def raw_triton_usable() -> bool:
 
 
 def kernels(backend: str) -> types.SimpleNamespace:
-    """The launcher of one kernel family: ``set``, ``set_fused``, ``add`` and ``get``.
+    """The launchers of one kernel family: ``set``, ``set_fused``, ``add``, ``add_fused``, ``get``.
 
     ``"interpret"`` is the Pallas family run by the Pallas interpreter.
     Imports the family's modules on first use (ImportError with the reason
@@ -157,12 +157,14 @@ def kernels(backend: str) -> types.SimpleNamespace:
             set=modules["set"].scatter_rows_triton,
             set_fused=None,
             add=modules["add"].scatter_add_rows_triton,
+            add_fused=None,
             get=modules["get"].gather_rows_triton,
         )
     return types.SimpleNamespace(
         set=functools.partial(modules["set"].scatter_rows, **interpret),
         set_fused=functools.partial(modules["set"].scatter_rows_fused, **interpret),
         add=functools.partial(modules["add"].scatter_add_rows, **interpret),
+        add_fused=functools.partial(modules["add"].scatter_add_rows_fused, **interpret),
         get=functools.partial(modules["get"].gather_rows, **interpret),
     )
 

@@ -9,9 +9,10 @@ Every write reaches this module as ``x2d`` ``(num_rows, d)``, a flat list of
 * a kernel backend: the rows are normalized, and duplicates resolved on the
   device first (set: the last occurrence wins; add, min, max, mul: combined
   in a fixed order), so that every kernel entry owns a distinct row; then the
-  family's launcher writes into the aliased buffer. Set keeps a one-launch
-  path for small batches (normalization and de-duplication in the kernel);
-  add has its own read-add-write kernel; min, max and mul read the rows with
+  family's launcher writes into the aliased buffer. Set and add keep a
+  one-launch path for small batches (normalization and de-duplication or
+  combining in the kernel); add has its own read-add-write kernel; min, max
+  and mul read the rows with
   the gather kernel, combine on the device and write them with the set kernel.
 """
 
@@ -173,8 +174,15 @@ def _kernel_set(launch, x2d, rows, updates2d, cfg: RowWrite):
 
 
 def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
-    rows = _normalized(x2d, rows, cfg)
     acc = _rows.add_accumulator_dtype(x2d.dtype)
+    if launch.add_fused is not None and updates2d.shape[0] <= cfg.thresholds.fused_max_adds:
+        # Small batches: one launch that normalizes and combines duplicates by itself.
+        raw = _rows.widen(_placement.to_device_memory(rows))
+        return launch.add_fused(
+            x2d, raw, updates2d, mode=cfg.mode, combine_duplicates=not cfg.rows_distinct,
+            acc_dtype=acc,
+        )
+    rows = _normalized(x2d, rows, cfg)
     src = None
     check_bounds = cfg.mode != "promise_in_bounds"
     if not cfg.rows_distinct and rows.shape[0] > 1:

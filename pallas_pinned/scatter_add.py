@@ -27,7 +27,9 @@ def scatter_add_to_host(
     position are summed on the device first (a stable order and a segmented
     scan, so the result is deterministic), then a kernel reads each distinct
     row once over PCIe, adds, and writes it back into the host buffer, which
-    is never copied (a contiguous block: one read and one copy back). Any
+    is never copied (a contiguous block: one read and one copy back). Small
+    batches (up to ``tuning`` ``fused_max_adds`` updates, Pallas) take one
+    launch that finds and sums the duplicates itself, in entry order. Any
     other ``x`` gets the same arithmetic through XLA.
 
     Args:

@@ -51,6 +51,15 @@ class Thresholds:
     # duplicate search grows as n**2). Chosen from the loop benchmark on the
     # H200 (benchmarks/results/loop_h200.json); see README "Inside a loop".
     fused_max_updates: int = 4096
+    # scatter_add_to_host (Pallas): up to this many updates, the kernel
+    # normalizes the raw indices and sums duplicates itself, in entry order
+    # (one launch instead of about a dozen XLA ops; its duplicate search grows
+    # as n**2). The H200 probe of 2026-12-03 (random rows drawn in a scan, us
+    # per step at 5 x 4 B / 64 x 1 KiB / 256 x 4 B / 256 x 1 KiB): the
+    # unfused path 18.7 / 22.4 / 27.2 / 51.1, this one 10.1 / 12.8 / 12.5 /
+    # 19.9, XLA's own add 22.1 / 13.4 / 12.3 / 14.6. 1024 is set's reasoning
+    # (its fused path serves 4096), measured in the loop benchmark's add rows.
+    fused_max_adds: int = 1024
     # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices,
     # jax.ds) is one XLA copy (dynamic_update_slice / dynamic_slice, the very
     # HLO of XLA's own formulation) for every read, and for a set that needs no

@@ -22,6 +22,7 @@ from pallas_pinned.scatter_add import scatter_add_to_host
 from pallas_pinned.testing import assert_same, make_values, scatter_add_oracle
 from tests.helpers import (
     BACKENDS,
+    PALLAS,
     VALUE_BACKENDS,
     exact_values,
     mixed_indices,
@@ -65,6 +66,20 @@ def test_add_dtypes_and_modes(rng, backend, dtype, mode):
     idx = mixed_indices(rng, 13, (4, 5))
     upd = exact_values(rng, (4, 5, 3), dtype)
     _run_add(backend, x0, idx, upd, mode=mode)
+
+
+@pytest.mark.parametrize("backend", ["interpret", PALLAS])
+@pytest.mark.parametrize("fused_max_adds", [0, 4096], ids=["unfused", "one_launch"])
+@pytest.mark.parametrize("n, width", [(300, 1), (200, 300), (40, 1100)])
+def test_add_one_launch_and_unfused_paths(rng, backend, fused_max_adds, n, width):
+    # Heavy duplicates over a few rows: the one-launch path's duplicate search
+    # and its chunked sums cross chunk boundaries (1100 floats also split a row
+    # over two column programs). Exact values, so both paths equal jnp's.
+    x0 = exact_values(rng, (9, width), "float32")
+    idx = mixed_indices(rng, 9, (n,))
+    upd = exact_values(rng, (n, width), "float32")
+    with tuning.override(fused_max_adds=fused_max_adds):
+        _run_add(backend, x0, idx, upd)
 
 
 @pytest.mark.parametrize("backend", VALUE_BACKENDS)
@@ -144,19 +159,27 @@ def test_add_int8_wraps_like_jnp(backend):
 
 def test_add_is_deterministic_and_backends_agree(rng):
     # Random float32 values with heavy duplication: not exact, so the
-    # summation order shows. Same bits every run, kernel and XLA alike, and
-    # close to jnp's (unordered) sums.
+    # summation order shows. Same bits every run; the unfused kernel path and
+    # XLA alike; the one-launch path (a row's updates folded in entry order)
+    # with its own bits; all close to jnp's one-after-another sums.
     x0 = make_values(rng, (16, 3), "float32")
     idx = rng.integers(0, 16, size=200)
     upd = make_values(rng, (200, 3), "float32")
-    results = [
-        read(scatter_add_to_host(put(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend))
-        for backend in ("xla", "xla", "interpret", "interpret")
-    ]
-    for other in results[1:]:
-        assert_same(other, results[0])
+
+    def run(backend, **thresholds):
+        with tuning.override(**thresholds):
+            return read(scatter_add_to_host(
+                put(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend))
+
+    unfused = [run("xla"), run("xla"), run("interpret", fused_max_adds=0),
+               run("interpret", fused_max_adds=0)]
+    fused = [run("interpret"), run("interpret")]
+    for other in unfused[1:]:
+        assert_same(other, unfused[0])
+    assert_same(fused[1], fused[0])
     expected = jnp.asarray(x0).at[idx].add(upd)
-    np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-5)
+    for result in (unfused[0], fused[0]):
+        np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", VALUE_BACKENDS)
