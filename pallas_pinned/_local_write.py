@@ -96,8 +96,13 @@ def write_traced(x, operands, updates, call: WriteCall):
         return x
     # Index arrays may live in host memory; the row arithmetic runs on the device.
     operands = jax.tree.map(_placement.to_device_memory, operands)
-    # A set that needs no run-time check is one copy, XLA's own HLO; see tuning.block_copy.
-    one_copy = call.op == "set" and not plan.block_checked_at_run_time(call.mode, read=False)
+    # A set that needs no run-time check is one copy, XLA's own HLO, up to a
+    # size where kernel rows measured faster; see tuning.block_copy and block_rows_from.
+    one_copy = (
+        call.op == "set"
+        and not plan.block_checked_at_run_time(call.mode, read=False)
+        and plan.num_entries < call.thresholds.block_rows_from
+    )
     impl = _registry.choose(
         call.op, plan.kind, x, plan.num_entries, call.backend,
         block_copy=call.thresholds.block_copy or one_copy,

@@ -23,6 +23,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+import pallas_pinned as pp
 from pallas_pinned import _registry, _write_rows, tuning
 
 
@@ -327,3 +328,23 @@ def test_xla_s_own_path_is_trusted_only_on_the_measured_release(monkeypatch):
     assert not trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload=true")
     assert not trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload")
     assert trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload=false")
+
+
+def test_auto_copies_small_blocks_and_writes_large_ones_as_rows(monkeypatch):
+    # A block set that needs no run-time check is one copy below
+    # tuning.block_rows_from rows and kernel rows from there on (measured faster).
+    seen = []
+    real_choose = _registry.choose
+
+    def spy(op, plan_kind, x, num_entries, backend, *, block_copy=False):
+        seen.append((num_entries, block_copy))
+        return real_choose(op, plan_kind, x, num_entries, backend, block_copy=block_copy)
+
+    monkeypatch.setattr(_registry, "choose", spy)
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    for n, limit in ((64, None), (1024, None), (1024, 2048)):
+        x = jax.device_put(jnp.zeros((4099, 3)), host)  # A shape no other test traces.
+        with tuning.override(**({} if limit is None else {"block_rows_from": limit})):
+            out = pp.at(x)[jax.ds(7, n)].set(1.0, mode="clip")
+        assert float(out[7 + n - 1, 0]) == 1.0
+    assert seen == [(64, True), (1024, False), (1024, True)]
