@@ -12,10 +12,12 @@ insert, KV-cache write, per-sequence decode write through
 the same write. Each (case, provider) compiles one jitted scan of ``--steps`` steps with the
 buffer donated, counts the kernels a step launches in the compiled HLO, runs
 it once and checks sampled rows against a numpy replay, then times
-``--runs`` runs after ``--warmup``. ``us_per_step`` is the median run over the
-steps; ``op_cost_us`` subtracts the baseline (the same step without the
-write). What a step does is described in ``benchmarks/loop_steps.py``, the
-kernel counting rule in ``benchmarks/hlo.py``. Writes ``loop.json`` and
+``--runs`` runs after ``--warmup`` (a write pattern's providers interleaved in
+``--rounds`` rounds, so that drift of the machine lands on all of them).
+``us_per_step`` is the median run over the steps; ``op_cost_us`` subtracts
+the baseline (the same step without the write). What a step does is
+described in ``benchmarks/loop_steps.py``, the kernel counting rule in
+``benchmarks/hlo.py``. Writes ``loop.json`` and
 ``loop.png`` under ``--out``; exits 1 on any error or wrong result.
 """
 
@@ -220,6 +222,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="steps per scan (200; 20 on CPU)")
     p.add_argument("--runs", type=int, default=None, help="timed runs (5; 3 on CPU)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs after the checked one")
+    p.add_argument("--rounds", type=int, default=loop_patterns.ROUNDS,
+                   help="write patterns: a case's providers are timed interleaved in this many "
+                   "rounds, each a share of --runs (see benchmarks/loop_patterns.py)")
     p.add_argument("--buffer-gib", type=float, default=None,
                    help="pinned buffer size (1 on GPU, 1/256 on CPU)")
     p.add_argument("--max-step-mib", type=float, default=64.0,
@@ -236,8 +241,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.cpu:
         jax.config.update("jax_platforms", "cpu")
     with_defaults(args, gpu=not args.cpu and environment.has_gpu())
-    if args.steps < 1 or args.runs < 1 or args.warmup < 0:
-        p.error("--steps and --runs must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.runs < 1 or args.warmup < 0 or args.rounds < 1:
+        p.error("--steps, --runs and --rounds must be >= 1 and --warmup >= 0")
     return args
 
 
@@ -268,7 +273,8 @@ def main(argv=None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"benchmark": "loop", "grid": grid, "argv": sys.argv[1:], "steps": args.steps,
-            "runs": args.runs, "warmup": args.warmup, "buffer_bytes": args.buffer_bytes,
+            "runs": args.runs, "warmup": args.warmup, "rounds": args.rounds,
+            "buffer_bytes": args.buffer_bytes,
             "time_budget_s": args.time_budget_s, "backends": list(args.backends),
             "indices": "per step a row of a table of random rows without replacement, made "
                        "with numpy before timing and sliced on the device (sorted per row for "

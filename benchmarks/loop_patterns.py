@@ -32,10 +32,24 @@ buffer against XLA's best formulation of the same write, in the same run:
 
 The values of step ``t`` are ``base + t`` (made on the device), and the
 baseline makes the positions and values and carries them without writing.
-After one checked run the sampled rows (every row some step wrote, up to
-``--check-written``, plus random others) must equal a numpy replay of every
-step bit for bit; then ``--runs`` timed runs. Records have the grid's fields
-(``op`` is the pattern, ``rows`` the rows written per step) plus ``shape``.
+After one checked run of each provider the sampled rows (every row some step
+wrote, up to ``--check-written``, plus random others) must equal a numpy
+replay of every step bit for bit. Then, after each provider's ``--warmup``
+runs, the providers of a case are timed interleaved: in ``--rounds`` rounds
+(``ROUNDS`` when the parser has no such option), each giving every provider
+its share of its ``--runs`` timed runs, the order rotated by one per round.
+Timed one after the other, drift of the machine (clocks, PCIe, the state of
+host memory) landed on one provider only: on the H200 ours and XLA's block
+insert, whose steps launch the same ops, measured 13.6 vs 12.8 us per step
+(ours vs XLA) timed that way, 8.2 vs 9.0 in a separate probe. Interleaved,
+every provider sees the same drift. ``us_per_step`` is the median over all
+of a provider's timed runs, ``us_min``/``us_max`` their extremes.
+
+Records have the grid's fields (``op`` is the pattern, ``rows`` the rows
+written per step) plus ``shape``, ``rounds`` (the rounds the provider was
+timed in: fewer than asked when ``--runs`` is smaller, 1 for a scan timed
+once) and ``same_step_ops_as_xla`` (ours only: whether its compiled step
+counts the same ops as XLA's, see :func:`mark_same_step_ops`).
 """
 
 from __future__ import annotations
@@ -54,14 +68,18 @@ import pallas_pinned as pp
 from benchmarks import cases
 from benchmarks.scan_runner import (
     PinnedBuffer,
+    check_scan,
     compile_all,
     fill_op_costs,
-    run_scan,
     split_runnable,
+    time_interleaved,
 )
 from pallas_pinned.testing import make_values, scatter_oracle
 
 PATTERN_OPS = ("ring", "ring_wrap", "kv", "decode", "block", "kv_block")
+# Rounds the providers of a pattern case are timed in, where the parser has no
+# --rounds: the GPU's 5 runs then give one run per provider per round.
+ROUNDS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,23 +289,27 @@ def pattern_providers(case: PatternCase, backends: tuple[str, ...]) -> list[tupl
             + [(ours, b) for b in backends])
 
 
-def base_record(case: PatternCase, provider: str, backend: str, steps: int) -> dict:
+def base_record(case: PatternCase, provider: str, backend: str, steps: int,
+                rounds: int) -> dict:
     return {
         "case": case.name, "op": "none" if provider == "baseline" else case.op,
         "rows": case.rows, "row_bytes": case.row_bytes, "dtype": case.dtype,
         "shape": list(case.shape), "provider": provider, "backend": backend, "steps": steps,
         "status": "ok", "us_per_step": None, "us_min": None, "us_max": None, "runs": 0,
-        "op_cost_us": None, "kernels_per_step": None, "op_kernels": None, "hlo_ops": None,
-        "correct": None, "check": None, "compile_s": None, "notes": "",
+        "rounds": rounds, "op_cost_us": None, "kernels_per_step": None, "op_kernels": None,
+        "hlo_ops": None, "same_step_ops_as_xla": None, "correct": None, "check": None,
+        "compile_s": None, "notes": "",
     }
 
 
 def run_pattern_case(args, buf: PinnedBuffer, case: PatternCase, over_budget: bool,
                      progress) -> list[dict]:
-    """Every provider of one pattern case: compiled side by side, then checked and timed."""
+    """Every provider of one pattern case: compiled side by side, each checked, then all
+    timed interleaved in rounds (the module's docstring says why)."""
+    rounds = getattr(args, "rounds", ROUNDS)
     todo, records = split_runnable(
         args, pattern_providers(case, args.backends), over_budget,
-        lambda p, b: base_record(case, p, b, args.steps), progress, case.name)
+        lambda p, b: base_record(case, p, b, args.steps, rounds), progress, case.name)
     if not todo:
         return records
     buf.ensure(case.dtype, case.shape)
@@ -300,19 +322,50 @@ def run_pattern_case(args, buf: PinnedBuffer, case: PatternCase, over_budget: bo
         for key in todo}
     try:
         compiled = compile_all(lowerings)
+        checked = []  # every provider is checked before any is timed
         for provider, backend in todo:
-            record = base_record(case, provider, backend, args.steps)
+            record = base_record(case, provider, backend, args.steps, rounds)
             record["check"] = f"{data.sample.size} sampled rows match the numpy replay"
             judge = functools.partial(_judge, data, provider)
-            records.append(run_scan(args, buf, record, compiled[(provider, backend)], inputs,
-                                    lambda x: read_flat_rows(x, data.sample), judge))
+            records.append(record)
+            scan = check_scan(args, buf, record, compiled[(provider, backend)], inputs,
+                              lambda x: read_flat_rows(x, data.sample), judge)
+            if scan is not None:  # else the record holds the error
+                checked.append(scan)
+        time_interleaved(buf, checked, rounds)
+        for scan in checked:
+            scan.record["rounds"] = scan.rounds
+        for provider, backend in todo:
             progress.step(f"{case.name} {provider}[{backend}]")
     finally:
         data.release()
     order = {key: k for k, key in enumerate(pattern_providers(case, args.backends))}
     records.sort(key=lambda r: order[(r["provider"], r["backend"])])
     fill_op_costs(records)
+    mark_same_step_ops(records)
     return records
+
+
+def mark_same_step_ops(records: list[dict]) -> None:
+    """``same_step_ops_as_xla`` of ours: does its compiled step launch the ops XLA's does?
+
+    Compares the op counters of one compiled scan step (``hlo_ops``: launching
+    instructions by opcode, custom calls by target, see ``benchmarks/hlo.py``)
+    and the kernels per step (which also hold an unrolled body's scaling). The
+    same counters say the two steps launch the same kinds and number of ops,
+    so a difference in their times does not come from more or other launches
+    (fusions are compared by count, not by contents). None for the baseline
+    and XLA, and where either side has no counters (skipped, or failed
+    before it compiled).
+    """
+    xla = next((r for r in records if r["provider"].startswith("xla_")), None)
+    for r in records:
+        if not r["provider"].startswith("ours_"):
+            continue
+        known = xla is not None and r["hlo_ops"] is not None and xla["hlo_ops"] is not None
+        r["same_step_ops_as_xla"] = (
+            r["hlo_ops"] == xla["hlo_ops"] and r["kernels_per_step"] == xla["kernels_per_step"]
+            if known else None)
 
 
 def _judge(data: PatternData, provider: str, before: np.ndarray, outputs) -> str | None:

@@ -2,19 +2,24 @@
 
 Shared by the grid (``benchmarks.loop``) and the write patterns
 (``benchmarks.loop_patterns``): the one pinned buffer of a run, the programs
-of a case compiled side by side, and one (check, then time) per program.
+of a case compiled side by side, one checked run per program, then the timing:
+one program alone (:func:`run_scan`, the grid) or the programs of a case
+interleaved in rounds (:func:`time_interleaved`, the write patterns).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from benchmarks import environment, hlo, timing
+from pallas_pinned.testing import time_calls
 
 
 class PinnedBuffer:
@@ -74,13 +79,25 @@ def compile_all(lowerings: dict) -> dict:
         return dict(zip(lowered, pool.map(compile_one, lowered.values()), strict=True))
 
 
-def run_scan(args, buf: PinnedBuffer, record: dict, compiled_and_s, inputs: tuple,
-             read_before, judge) -> dict:
-    """Runs one compiled scan once and judges it, then times it; fills ``record``.
+@dataclasses.dataclass(eq=False)  # compared and hashed by identity
+class CheckedScan:
+    """A compiled scan that ran once and was judged (its ``record`` filled but the timing)."""
+
+    record: dict
+    call: Callable  # outputs = call(x): one scan over the buffer ``x``, which it donates
+    timed_calls: int  # --runs, or 1 for a scan slower than --max-run-s
+    warmup: int  # untimed calls before its first timed one (0 when slow)
+    seconds: list[float] = dataclasses.field(default_factory=list)  # its timed calls so far
+    rounds: int = 0  # rounds in which it got timed calls
+
+
+def check_scan(args, buf: PinnedBuffer, record: dict, compiled_and_s, inputs: tuple,
+               read_before, judge) -> CheckedScan | None:
+    """Runs one compiled scan once and judges it; None (``record`` an error) if it failed.
 
     ``read_before(x)`` reads what the check needs from the buffer before the
     run; ``judge(before, outputs)`` returns None when the run was right, else
-    what is wrong.
+    what is wrong. Fills the record's kernel count, ``correct`` and ``check``.
     """
     compiled, record["compile_s"] = compiled_and_s
     try:
@@ -94,27 +111,90 @@ def run_scan(args, buf: PinnedBuffer, record: dict, compiled_and_s, inputs: tupl
             first_run_s = time.perf_counter() - t0
         buf.x = outputs[0]
         mismatch = judge(before, outputs)
-        slow = first_run_s > args.max_run_s  # one more run only, after no warm-up
-        outputs, measured = timing.measure(
-            lambda state, *rest: compiled(state[0], *rest), outputs, *inputs,
-            repeats=1 if slow else args.runs, warmup=0 if slow else args.warmup)
-        buf.x = outputs[0]
     except Exception as err:  # noqa: BLE001 - recorded as an error; the run fails at the end
-        buf.rebuild_if_lost()
-        record["status"] = "error"
-        record["error"] = f"{type(err).__name__}: {err}"[:600]
-        return record
-    per_step = 1e6 / args.steps
+        _record_error(buf, record, err)
+        return None
     record.update(
-        us_per_step=measured.median_s * per_step, us_min=measured.min_s * per_step,
-        us_max=measured.max_s * per_step, runs=measured.reps,
         kernels_per_step=kernels.per_step, hlo_ops=kernels.ops, trip_count=kernels.trip_count,
         correct=mismatch is None, notes=environment.first_lines(out["text"]),
         check=mismatch or record.get("check"),
     )
+    slow = first_run_s > args.max_run_s  # one more run only, after no warm-up
     if slow:
         record["notes"] = (f"one run took {first_run_s:.1f} s > --max-run-s: timed once; "
                            + record["notes"])
+    return CheckedScan(record, lambda x: compiled(x, *inputs), 1 if slow else args.runs,
+                       0 if slow else args.warmup)
+
+
+def round_shares(calls: int, rounds: int) -> list[int]:
+    """``calls`` split over at most ``rounds`` rounds as evenly as can be, no round empty."""
+    used = max(1, min(rounds, calls))
+    each, extra = divmod(calls, used)
+    return [each + (k < extra) for k in range(used)]
+
+
+def call_scan(buf: PinnedBuffer, scan: CheckedScan, repeats: int, warmup: int) -> list[float]:
+    """Seconds of ``repeats`` timed calls of ``scan`` after ``warmup``, the buffer threaded."""
+    outputs, seconds = time_calls(lambda state: scan.call(state[0]), (buf.x,),
+                                  repeats=repeats, warmup=warmup)
+    buf.x = outputs[0]
+    return seconds
+
+
+def time_interleaved(buf: PinnedBuffer, scans: list[CheckedScan], rounds: int) -> None:
+    """Times ``scans`` round-robin in ``rounds`` rounds; fills their records' timing.
+
+    Timing one program after the other lets drift of the machine (clocks,
+    PCIe, the state of host memory) land on one of them only. So every scan
+    first gets its warm-up calls, then each round gives each scan its share
+    of its timed calls (:func:`round_shares`), the order rotated by one per
+    round so that none always follows the same one. ``us_per_step`` is the
+    median over all of a scan's timed calls, ``us_min``/``us_max`` their
+    extremes, ``runs`` their number; ``scan.rounds`` the rounds it was timed in.
+    """
+    live = list(scans)
+    for scan in scans:
+        _call_or_fail(buf, scan, live, 0, scan.warmup)
+    shares = {scan: round_shares(scan.timed_calls, rounds) for scan in scans}
+    for k in range(max((len(s) for s in shares.values()), default=0)):
+        turn = k % len(scans)
+        for scan in scans[turn:] + scans[:turn]:
+            share = shares[scan]
+            if scan in live and k < len(share) and _call_or_fail(buf, scan, live, share[k], 0):
+                scan.rounds += 1
+    for scan in live:
+        measured = timing.Timing.of(scan.seconds)
+        per_step = 1e6 / scan.record["steps"]
+        scan.record.update(us_per_step=measured.median_s * per_step,
+                           us_min=measured.min_s * per_step, us_max=measured.max_s * per_step,
+                           runs=measured.reps)
+
+
+def _call_or_fail(buf: PinnedBuffer, scan: CheckedScan, live: list, repeats: int,
+                  warmup: int) -> bool:
+    """Runs ``scan``'s calls; on an error records it and drops the scan from ``live``."""
+    try:
+        scan.seconds += call_scan(buf, scan, repeats, warmup)
+    except Exception as err:  # noqa: BLE001 - recorded as an error; the run fails at the end
+        _record_error(buf, scan.record, err)
+        live.remove(scan)
+        return False
+    return True
+
+
+def _record_error(buf: PinnedBuffer, record: dict, err: Exception) -> None:
+    buf.rebuild_if_lost()  # a failed call may have consumed the donated buffer
+    record["status"] = "error"
+    record["error"] = f"{type(err).__name__}: {err}"[:600]
+
+
+def run_scan(args, buf: PinnedBuffer, record: dict, compiled_and_s, inputs: tuple,
+             read_before, judge) -> dict:
+    """One compiled scan alone: :func:`check_scan`, then ``--runs`` timed calls in a row."""
+    scan = check_scan(args, buf, record, compiled_and_s, inputs, read_before, judge)
+    if scan is not None:
+        time_interleaved(buf, [scan], rounds=1)
     return record
 
 

@@ -136,6 +136,11 @@ def test_every_write_pattern_is_measured_against_xla(loop_run):
         assert rows == {("baseline", "-"), (f"xla_{case.op}", "-"), (f"ours_{case.op}", "auto"),
                         (f"ours_{case.op}", "pallas")}
         assert f" {case.op} " in stdout  # a line of the table
+    for r in records:  # --runs 2: two rounds of one timed run each, interleaved
+        if r["status"] == "ok":
+            assert r["rounds"] == min(2, loop_patterns.ROUNDS) and r["runs"] == 2, r
+        ours_ok = r["provider"].startswith("ours") and r["status"] == "ok"
+        assert (r["same_step_ops_as_xla"] is None) is not ours_ok, r
     assert "INCORRECT: ours_kv[auto]" in stdout  # writes one position too far
     assert set(_loop(out)["meta"]["patterns"]) == PATTERN_NAMES
 
@@ -243,3 +248,39 @@ def test_the_default_cpu_plan_is_the_cpu_grid_and_every_pattern():
     assert loop.planned_patterns(args) == list(loop_patterns.CPU_PATTERNS)
     custom = loop.parse_args(["--cpu", "--rows", "16"])
     assert loop.planned_patterns(custom) == []  # a custom grid runs no pattern unless asked
+
+
+@needs_index_grammar
+def test_a_pattern_case_is_timed_interleaved_in_rounds(monkeypatch):
+    # Timed one provider after the other, drift of the machine lands on one of
+    # them: every provider is checked first, then timed round-robin, rotated.
+    from benchmarks import scan_runner
+
+    calls = []
+    right = scan_runner.call_scan
+
+    def logged(buf, scan, repeats, warmup):
+        calls.append((scan.record["provider"], repeats, warmup))
+        return right(buf, scan, repeats, warmup)
+
+    monkeypatch.setattr(scan_runner, "call_scan", logged)
+    args = loop.parse_args(["--cpu", "--steps", "4", "--runs", "4", "--warmup", "1"])
+    args.rounds = 2
+    case = next(c for c in loop_patterns.CPU_PATTERNS if c.op == "block")
+    progress = type("Quiet", (), {"step": lambda self, label: None})()
+    records = loop_patterns.run_pattern_case(args, scan_runner.PinnedBuffer(args.seed), case,
+                                             False, progress)
+    names = [r["provider"] for r in records]
+    assert names == ["baseline", "xla_block", "ours_block"]
+    warmups, timed = calls[:3], calls[3:]
+    assert warmups == [(n, 0, 1) for n in names]  # every warm-up before any timed call
+    assert timed == [(n, 2, 0) for n in names] + [(n, 2, 0) for n in names[1:] + names[:1]]
+    for r in records:
+        assert r["status"] == "ok" and r["correct"] is True, r
+        assert r["rounds"] == 2 and r["runs"] == 4, r
+        assert 0 < r["us_min"] <= r["us_per_step"] <= r["us_max"], r
+    same = {r["provider"]: r["same_step_ops_as_xla"] for r in records}
+    assert same["baseline"] is None and same["xla_block"] is None
+    assert isinstance(same["ours_block"], bool)
+    assert scan_runner.round_shares(3, 5) == [1, 1, 1]  # fewer runs than rounds
+    assert scan_runner.round_shares(12, 5) == [3, 3, 2, 2, 2]
