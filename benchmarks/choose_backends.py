@@ -22,10 +22,12 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
   than the kernel by more than :data:`NOISE` in every case of the class, the
   kernel stays (2026-12-03: 1024 x 1 KiB took 50.9 us that way against the
   kernel's 27.7 and XLA's bare 24.5). Add and gather stay on the kernels whatever the
-  loop says: the loop writes distinct rows, and in the sparse-training client
-  (Zipf ids, ~1900 distinct of 4096 per step) XLA's own add took 701 µs per
-  step against the kernels' 110 (benchmarks/results/sparse_training_h200.json,
-  2026-12-03), and XLA's gather lost in every loop case.
+  loop says: the loop writes distinct rows and never reads them back, and in
+  the sparse-training client (Zipf ids, ~1900 distinct of 4096 per step, each
+  step reading what the last one added) XLA's own path took 748 µs per step
+  against our kernels' 111 (benchmarks/results/sparse_training_h200.json,
+  2026-12-03 15:17 UTC; an earlier run with our gather and XLA's add: 701),
+  and XLA's gather lost in every loop case.
 
 The table, with where it came from, goes to ``pallas_pinned/backend_table.json``,
 which the package ships. An op the source has no rows for is listed under

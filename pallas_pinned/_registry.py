@@ -219,8 +219,9 @@ def _auto_kernel(op: str, dtype, num_entries: int) -> str | None:
     if choice == "xla" and op == "set" and xla_host_path_trusted():
         # Only set: XLA's own path gives the same bits there (the last write
         # wins), and its cost does not grow with duplicate indices. Its add
-        # took 701 us per step against our kernels' 110 in the sparse-training
-        # client (Zipf ids; benchmarks/results/sparse_training_h200.json).
+        # waits for the CPU when a later step reads the rows: XLA's own path took
+        # 748 us per step against our kernels' 111 in the sparse-training client
+        # (Zipf ids; benchmarks/results/sparse_training_h200.json, 2026-12-03).
         return "xla_native"
     if not pallas_triton_usable():
         return _without_pallas_triton()
