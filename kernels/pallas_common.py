@@ -25,8 +25,6 @@ from jax.experimental.pallas import triton as plgpu
 from .row_layout import next_pow2, offsets_fit, skip_row
 
 __all__ = [
-    "MAX_FUSED_BLOCK_ROWS",
-    "MAX_SEARCH_CHUNK",
     "RowGrid",
     "RowTiling",
     "Tile",
@@ -37,6 +35,7 @@ __all__ = [
     "next_pow2",
     "normalized_indices",
     "offsets_fit",
+    "one_launch_tiling",
     "program_entries",
     "raw_entries",
     "skip_row",
@@ -58,8 +57,8 @@ _MAX_COL_BLOCK_BYTES = 4096
 # program. Short programs spread a small batch over many SMs (the H200 loop
 # probe: 64 x 1 KiB rows in 4 programs of 16 rows took longer than XLA's
 # scatter) and keep the block_rows x chunk comparison small.
-MAX_SEARCH_CHUNK = 1024
-MAX_FUSED_BLOCK_ROWS = 8
+_MAX_SEARCH_CHUNK = 1024
+_MAX_FUSED_BLOCK_ROWS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +82,23 @@ def choose_row_tiling(n: int, d: int, itemsize: int) -> RowTiling:
     block_rows = min(next_pow2(max(n, 1)), next_pow2(rows_per_tile))
     num_warps = 8 if block_rows * block_cols * itemsize >= 8192 else 4
     return RowTiling(block_rows, block_cols, num_warps)
+
+
+def one_launch_tiling(
+    buffer_shape: tuple[int, int], indices: jax.Array, itemsize: int, tiling: RowTiling | None
+) -> tuple[RowTiling, int]:
+    """``(tiling, search_chunk)`` of a one-launch path over the raw ``(n,)`` ``indices``.
+
+    Raises ValueError when the buffer's row count does not fit the indices'
+    type (the kernel wraps negatives by adding it).
+    """
+    num_rows, row_width = buffer_shape
+    if num_rows > jnp.iinfo(indices.dtype).max:
+        raise ValueError(f"{num_rows} rows do not fit indices of type {indices.dtype}")
+    (num_entries,) = indices.shape
+    tiling = tiling or choose_row_tiling(num_entries, row_width, itemsize)
+    tiling = dataclasses.replace(tiling, block_rows=min(tiling.block_rows, _MAX_FUSED_BLOCK_ROWS))
+    return tiling, min(_MAX_SEARCH_CHUNK, next_pow2(num_entries))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,6 @@ the same row would lose one of the additions. ``updates`` may be of
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -22,15 +20,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .pallas_common import (
-    MAX_FUSED_BLOCK_ROWS,
-    MAX_SEARCH_CHUNK,
     RowGrid,
     RowTiling,
     choose_row_tiling,
     dest_rows,
     launch_row_kernel,
     matching_entries,
-    next_pow2,
+    one_launch_tiling,
     raw_entries,
     tile_lanes,
 )
@@ -193,15 +189,9 @@ def scatter_add_rows_fused(
     search grows as ``n**2``: small batches only. Traced inside a ``jit``: the
     result aliases ``x``.
     """
-    num_rows, row_width = x.shape
-    (num_entries,) = indices.shape
-    if num_rows > jnp.iinfo(indices.dtype).max:
-        raise ValueError(f"{num_rows} rows do not fit indices of type {indices.dtype}")
     acc_dtype = jnp.dtype(x.dtype if acc_dtype is None else acc_dtype)
     itemsize = max(x.dtype.itemsize, acc_dtype.itemsize)
-    tiling = tiling or choose_row_tiling(num_entries, row_width, itemsize)
-    tiling = dataclasses.replace(tiling, block_rows=min(tiling.block_rows, MAX_FUSED_BLOCK_ROWS))
-    search_chunk = min(MAX_SEARCH_CHUNK, next_pow2(num_entries))
+    tiling, search_chunk = one_launch_tiling(x.shape, indices, itemsize, tiling)
     per_entry = tiling.block_rows * tiling.block_cols
     sum_chunk = min(search_chunk, max(1, _SUM_ELEMENTS // per_entry))
     return launch_row_kernel(

@@ -19,8 +19,6 @@ Operands (all prepared on the device by the caller):
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -28,15 +26,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .pallas_common import (
-    MAX_FUSED_BLOCK_ROWS,
-    MAX_SEARCH_CHUNK,
     RowGrid,
     RowTiling,
     choose_row_tiling,
     dest_rows,
     launch_row_kernel,
     matching_entries,
-    next_pow2,
+    one_launch_tiling,
     raw_entries,
     tile_lanes,
 )
@@ -131,17 +127,9 @@ def scatter_rows_fused(
     of ``x.dtype``. Without ``drop_superseded`` the caller promises distinct
     rows. Traced inside a ``jit``: the result aliases ``x``.
     """
-    num_rows, row_width = x.shape
-    (num_updates,) = indices.shape
-    if num_rows > jnp.iinfo(indices.dtype).max:
-        raise ValueError(f"{num_rows} rows do not fit indices of type {indices.dtype}")
-    tiling = tiling or choose_row_tiling(num_updates, row_width, x.dtype.itemsize)
-    tiling = dataclasses.replace(
-        tiling, block_rows=min(tiling.block_rows, MAX_FUSED_BLOCK_ROWS)
-    )
+    tiling, chunk = one_launch_tiling(x.shape, indices, x.dtype.itemsize, tiling)
     return launch_row_kernel(
         scatter_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
-        interpret=interpret, name="pallas_pinned_scatter_rows_fused",
-        chunk=min(MAX_SEARCH_CHUNK, next_pow2(num_updates)), mode=mode,
+        interpret=interpret, name="pallas_pinned_scatter_rows_fused", chunk=chunk, mode=mode,
         drop_superseded=drop_superseded,
     )

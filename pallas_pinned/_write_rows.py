@@ -12,8 +12,8 @@ Every write reaches this module as ``x2d`` ``(num_rows, d)``, a flat list of
   family's launcher writes into the aliased buffer. Set and add keep a
   one-launch path for small batches (normalization and de-duplication or
   combining in the kernel); add has its own read-add-write kernel; min, max
-  and mul read the rows with
-  the gather kernel, combine on the device and write them with the set kernel.
+  and mul read the rows with the gather kernel, combine on the device and
+  write them with the set kernel.
 """
 
 from __future__ import annotations
