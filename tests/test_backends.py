@@ -342,9 +342,16 @@ def test_auto_copies_small_blocks_and_writes_large_ones_as_rows(monkeypatch):
 
     monkeypatch.setattr(_registry, "choose", spy)
     host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    x0 = np.arange(4099 * 3, dtype=np.float32).reshape(4099, 3)  # No other test's shape.
     for n, limit in ((64, None), (1024, None), (1024, 2048)):
-        x = jax.device_put(jnp.zeros((4099, 3)), host)  # A shape no other test traces.
-        with tuning.override(**({} if limit is None else {"block_rows_from": limit})):
-            out = pp.at(x)[jax.ds(7, n)].set(1.0, mode="clip")
-        assert float(out[7 + n - 1, 0]) == 1.0
+        for jitted in (False, True):
+            with tuning.override(**({} if limit is None else {"block_rows_from": limit})):
+                def write(x, n=n):
+                    return pp.at(x)[jax.ds(7, n)].set(-1.0, mode="clip")
+
+                run = jax.jit(write, donate_argnums=0) if jitted else write
+                out = run(jax.device_put(x0, host))
+            expected = jnp.asarray(x0).at[jax.ds(7, n)].set(-1.0, mode="clip")
+            np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
+    # The jitted call reuses the op traced by the eager one: one choice per case.
     assert seen == [(64, True), (1024, False), (1024, True)]
