@@ -76,11 +76,12 @@ class Thresholds:
     # backend="auto" on a host buffer: a block set without a run-time check of
     # this many rows or more runs as kernel rows instead of the copy (the
     # rows of a block are distinct and ascending: one launch, no
-    # de-duplication). The H200 loop benchmark of 2026-12-03 15:05 UTC (us per
-    # step, providers timed interleaved): 64 x 1 KiB copy 17.1, rows 27.1,
-    # XLA's copy 16.6; 1024 x 1 KiB copy 36.1, rows 27.1, XLA's copy 35.2; the
-    # block probe (13:57) had rows at or below XLA's copy at 1024 x 1 KiB and
-    # 16384 x 256 B too (29.9 vs 29.6, 91.7 vs 94.6). With this switch (15:18,
+    # de-duplication). The H200 loop benchmark of 2026-12-03 15:05 UTC (results/
+    # loop_quick_h200_1505.json; us per step, providers timed interleaved):
+    # 64 x 1 KiB copy 17.1, rows 27.1, XLA's copy 16.6; 1024 x 1 KiB copy 36.1,
+    # rows 27.1, XLA's copy 35.2; the block probe (13:57) had rows at or below
+    # XLA's copy at 1024 x 1 KiB and 16384 x 256 B too (29.9 vs 29.6, 91.7 vs
+    # 94.6). With this switch (15:18,
     # benchmarks/results/loop_quick_h200.json): 64 rows 14.5 against XLA's
     # 15.7, 1024 rows 27.6 against 36.2. Sizes between 64 and 1024 rows are
     # unmeasured.
