@@ -143,7 +143,9 @@ def raw_triton_usable() -> bool:
 
 
 def kernels(backend: str) -> types.SimpleNamespace:
-    """The launchers of one kernel family: ``set``, ``set_fused``, ``add``, ``add_fused``, ``get``.
+    """The launchers of one kernel family, by op and path (None where the family has none).
+
+    ``set``, ``set_fused``, ``add``, ``add_fused``, ``add_sorted``, ``get``.
 
     ``"interpret"`` is the Pallas family run by the Pallas interpreter.
     Imports the family's modules on first use (ImportError with the reason
@@ -158,6 +160,7 @@ def kernels(backend: str) -> types.SimpleNamespace:
             set_fused=None,
             add=modules["add"].scatter_add_rows_triton,
             add_fused=None,
+            add_sorted=None,
             get=modules["get"].gather_rows_triton,
         )
     return types.SimpleNamespace(
@@ -165,6 +168,7 @@ def kernels(backend: str) -> types.SimpleNamespace:
         set_fused=functools.partial(modules["set"].scatter_rows_fused, **interpret),
         add=functools.partial(modules["add"].scatter_add_rows, **interpret),
         add_fused=functools.partial(modules["add"].scatter_add_rows_fused, **interpret),
+        add_sorted=functools.partial(modules["add"].scatter_add_sorted_runs, **interpret),
         get=functools.partial(modules["get"].gather_rows, **interpret),
     )
 

@@ -1,8 +1,8 @@
 """Plain-jnp references, one beside each kernel.
 
 They define the semantics the kernels must match bit for bit (one exception:
-float sums of duplicate indices on Pallas's one-launch add for small batches,
-folded in entry order rather than in the reference's tree), and double as
+float sums of duplicate indices on Pallas's add, folded in entry order chunk
+by chunk rather than in the reference's tree), and double as
 the XLA path for buffers that are not in pinned host memory of a GPU (device
 memory, CPU-only JAX). Each takes a 2-D ``x`` and rows already normalized by
 ``pallas_pinned._rows.normalize_rows`` (skip markers are dropped, never wrapped).

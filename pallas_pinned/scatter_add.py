@@ -24,13 +24,15 @@ def scatter_add_to_host(
     """Returns ``x.at[indices].add(updates, mode=mode)``.
 
     Built for ``x`` in ``pinned_host`` memory of a GPU: updates of the same
-    position are summed on the device first (a stable order and a segmented
-    scan, so the result is deterministic), then a kernel reads each distinct
-    row once over PCIe, adds, and writes it back into the host buffer, which
-    is never copied (a contiguous block: one read and one copy back). Small
-    batches (up to ``tuning`` ``fused_max_adds`` updates, Pallas) take one
-    launch that finds and sums the duplicates itself, in entry order. Any
-    other ``x`` gets the same arithmetic through XLA.
+    position are summed first, in a fixed order, so the result is
+    deterministic; then a kernel reads each distinct row once over PCIe, adds,
+    and writes it back into the host buffer, which is never copied (a
+    contiguous block: one read and one copy back). Pallas sums them in the
+    kernel, in entry order: small batches (up to ``tuning`` ``fused_max_adds``
+    updates) in one launch that finds the duplicates itself, larger ones in
+    one launch over the runs of a stable sort. Raw Triton and XLA sum them on
+    the device first (a stable order and a segmented scan). Any other ``x``
+    gets the same arithmetic through XLA.
 
     Args:
       x: the buffer, as for :func:`scatter_to_host`; any supported dtype

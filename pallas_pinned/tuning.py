@@ -60,6 +60,19 @@ class Thresholds:
     # 19.9, XLA's own add 22.1 / 13.4 / 12.3 / 14.6. 1024 is set's reasoning
     # (its fused path serves 4096), measured in the loop benchmark's add rows.
     fused_max_adds: int = 1024
+    # scatter_add_to_host (Pallas), beyond fused_max_adds: duplicates are summed
+    # by the kernel over the runs of a stable order (one sort, one launch), in
+    # entry order, instead of by XLA's segmented scan (log2(n) passes over the
+    # updates) before the launch. The scan took 72.4 of the 85.2 us of the
+    # sparse client's add (H200 probe, 2026-12-03 14:46 UTC, 4096 Zipf ids).
+    add_runs_in_kernel: bool = True
+    # scatter_add_to_host (Pallas), on that path: up to this many entries the
+    # stable order is counted as ranks (an n x n comparison that XLA fuses)
+    # instead of sorted. H200 probes, 2026-12-03 (docs/lab/step_probe.py ranks),
+    # us per step to order n Zipf ids in a scan, XLA's sort / the ranks: 16:21
+    # UTC 19.4 / 14.3 (1 Ki), 44.2 / 22.7 (4 Ki), 51.5 / 38.0 (8 Ki), 60.7 / 155.0
+    # (16 Ki); 16:40 UTC 22.2 / 14.9, 45.8 / 19.9, 54.0 / 41.6 (16 Ki not rerun).
+    runs_rank_max: int = 8192
     # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices,
     # jax.ds) is one XLA copy (dynamic_update_slice / dynamic_slice, the very
     # HLO of XLA's own formulation) for every read, and for a set that needs no

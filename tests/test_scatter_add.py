@@ -68,18 +68,40 @@ def test_add_dtypes_and_modes(rng, backend, dtype, mode):
     _run_add(backend, x0, idx, upd, mode=mode)
 
 
+# The Pallas family's ways of summing duplicates, as the thresholds select them.
+ADD_PATHS = {
+    "one_launch": {"fused_max_adds": 4096},
+    "sorted_runs": {"fused_max_adds": 0},
+    "sorted_runs_xla_sort": {"fused_max_adds": 0, "runs_rank_max": 0},
+    "segmented_scan": {"fused_max_adds": 0, "add_runs_in_kernel": False},
+}
+
+
 @pytest.mark.parametrize("backend", ["interpret", PALLAS])
-@pytest.mark.parametrize("fused_max_adds", [0, 4096], ids=["unfused", "one_launch"])
+@pytest.mark.parametrize("path", list(ADD_PATHS))
 @pytest.mark.parametrize("n, width", [(300, 1), (200, 300), (40, 1100)])
-def test_add_one_launch_and_unfused_paths(rng, backend, fused_max_adds, n, width):
-    # Heavy duplicates over a few rows: the one-launch path's duplicate search
-    # and its chunked sums cross chunk boundaries (1100 floats also split a row
-    # over two column programs). Exact values, so both paths equal jnp's.
+def test_add_one_launch_and_unfused_paths(rng, backend, path, n, width):
+    # Heavy duplicates over a few rows: the duplicate search and the chunked
+    # sums cross chunk boundaries, runs span many programs (1100 floats also
+    # split a row over two column programs), and dropped indices leave skip
+    # markers. Exact values, so every path equals jnp's.
     x0 = exact_values(rng, (9, width), "float32")
     idx = mixed_indices(rng, 9, (n,))
     upd = exact_values(rng, (n, width), "float32")
-    with tuning.override(fused_max_adds=fused_max_adds):
+    with tuning.override(**ADD_PATHS[path]):
         _run_add(backend, x0, idx, upd)
+
+
+@pytest.mark.parametrize("backend", ["interpret", PALLAS])
+@pytest.mark.parametrize("path", ["sorted_runs", "segmented_scan"])
+def test_add_sorted_promise_with_duplicates(rng, backend, path):
+    # Rows that ascend as promised, with long runs: the kernel takes them as
+    # they are (no sort, no permutation); out-of-range ones are dropped.
+    x0 = exact_values(rng, (50, 70), "float32")
+    idx = np.sort(rng.integers(0, 60, size=700))  # Rows 50 on are past the end.
+    upd = exact_values(rng, (700, 70), "float32")
+    with tuning.override(**ADD_PATHS[path]):
+        _run_add(backend, x0, idx, upd, indices_are_sorted=True)
 
 
 @pytest.mark.parametrize("backend", VALUE_BACKENDS)
@@ -159,9 +181,10 @@ def test_add_int8_wraps_like_jnp(backend):
 
 def test_add_is_deterministic_and_backends_agree(rng):
     # Random float32 values with heavy duplication: not exact, so the
-    # summation order shows. Same bits every run; the unfused kernel path and
-    # XLA alike; the one-launch path (a row's updates folded in entry order)
-    # with its own bits; all close to jnp's one-after-another sums.
+    # summation order shows. Same bits every run; the segmented scan's kernel
+    # path and XLA alike; the one-launch and sorted-runs paths (a row's updates
+    # folded in entry order, chunk by chunk) with their own bits; all close to
+    # jnp's one-after-another sums.
     x0 = make_values(rng, (16, 3), "float32")
     idx = rng.integers(0, 16, size=200)
     upd = make_values(rng, (200, 3), "float32")
@@ -171,14 +194,15 @@ def test_add_is_deterministic_and_backends_agree(rng):
             return read(scatter_add_to_host(
                 put(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend))
 
-    unfused = [run("xla"), run("xla"), run("interpret", fused_max_adds=0),
-               run("interpret", fused_max_adds=0)]
+    scan = ADD_PATHS["segmented_scan"]
+    like_xla = [run("xla"), run("xla"), run("interpret", **scan), run("interpret", **scan)]
     fused = [run("interpret"), run("interpret")]
-    for other in unfused[1:]:
-        assert_same(other, unfused[0])
-    assert_same(fused[1], fused[0])
+    runs = [run("interpret", **ADD_PATHS["sorted_runs"]) for _ in range(2)]
+    for group in (like_xla, fused, runs):
+        for other in group[1:]:
+            assert_same(other, group[0])
     expected = jnp.asarray(x0).at[idx].add(upd)
-    for result in (unfused[0], fused[0]):
+    for result in (like_xla[0], fused[0], runs[0]):
         np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
 
 
