@@ -12,22 +12,26 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
 * between the two kernels, summed over the class's cases, Triton only where
   it is faster by more than :data:`NOISE` (a closer result keeps Pallas, the
   one with the one-launch path for small sets);
-* for set, the kernel is kept only where it is no slower than XLA in
-  **every** case of the class; anywhere else the class runs XLA's own path
-  (``xla`` entries make ``auto`` run ``x.at[rows].set(y)`` itself, after our
-  own de-duplication, so the last duplicate wins as everywhere). That path
-  is not XLA's bare ``x.at[i].set``: it costs our de-duplication too. Where
-  the source run measured it (``ours_set`` with ``backend="auto"`` in a class
-  whose table entry was ``xla`` when the run was made) and it was not faster
-  than the kernel by more than :data:`NOISE` in every case of the class, the
-  kernel stays (2026-12-03: 1024 x 1 KiB took 50.9 us that way against the
-  kernel's 27.7 and XLA's bare 24.5). Add and gather stay on the kernels whatever the
-  loop says: the loop writes distinct rows and never reads them back, and in
-  the sparse-training client (Zipf ids, ~1900 distinct of 4096 per step, each
-  step reading what the last one added) XLA's own path took 748 µs per step
-  against our kernels' 111 (benchmarks/results/sparse_training_h200.json,
-  2026-12-03 15:17 UTC; an earlier run with our gather and XLA's add: 701),
-  and XLA's gather lost in every loop case.
+* for set, the kernel is kept where it is no slower than XLA in **every**
+  case of the class. Elsewhere an ``xla`` entry would make ``auto`` run
+  ``x.at[rows].set(y)`` itself, after our own de-duplication (so the last
+  duplicate wins as everywhere): not XLA's bare ``x.at[i].set``, it costs our
+  de-duplication too. So the class takes it only where that path itself was
+  measured faster than the kernel by more than :data:`NOISE` in every case:
+  ``ours_set`` with ``backend="auto"`` whose step launched none of our kernels
+  (the table in force then said ``xla``), in the source run or else in an
+  earlier run (``--xla-path-from``, default the 15:18 UTC run of 2026-12-03,
+  where it was not faster in the classes up to 256 rows), judged against that
+  same run's kernel. Where no run measured it, the kernel stays.
+* add and gather stay on the kernels whatever the loop says. The loop's add
+  rows never read back what they wrote, so XLA's add is applied by the host
+  CPU off the GPU's path. Read back (the loop's ``*_add_read`` rows) XLA's
+  add lost in every case (2026-12-03 16:50 UTC: 32.5 against our 22.1 us per
+  step at 5 x 4 B, 404.1 against 304.7 at 16384 x 256 B), and in the
+  sparse-training client (Zipf ids, each step reading what the last one
+  added) XLA's own path took 699.3 us per step against our 70.5
+  (benchmarks/results/sparse_training_h200.json, 16:52 UTC). XLA's gather
+  lost in every loop case.
 
 The table, with where it came from, goes to ``pallas_pinned/backend_table.json``,
 which the package ships. An op the source has no rows for is listed under
@@ -44,6 +48,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "pallas_pinned" / "backend_table.json"
 DEFAULT_SOURCE = REPO / "benchmarks" / "results" / "loop_h200.json"
+# The last run in which auto ran XLA's own set path (with our de-duplication) in
+# the small classes (2026-12-03 15:18 UTC): where a newer run lacks that
+# measurement, this one judges it.
+DEFAULT_XLA_PATH = REPO / "benchmarks" / "results" / "loop_quick_h200_1518.json"
+
+
+def _label(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
 # Repeated runs of one case spread by a few percent (benchmarks/results/loop_h200.json,
 # min/max per record): a smaller difference is not a measurement of which is faster.
 NOISE = 0.05
@@ -58,9 +71,8 @@ def _usable(r: dict) -> bool:
     return r.get("us_per_step") is not None and r.get("correct") is not False
 
 
-def choose(records: list[dict]) -> tuple[list[int], dict]:
-    """``(size_classes, choices)`` from a loop run's records."""
-    # (op, dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"xla": us}
+def _class_times(records: list[dict]) -> dict:
+    """``(op, dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"xla"|"auto": us}``."""
     times = defaultdict(lambda: defaultdict(dict))
     for r in records:
         op = PROVIDERS.get(r["provider"])
@@ -69,24 +81,63 @@ def choose(records: list[dict]) -> tuple[list[int], dict]:
         name = "xla" if r["provider"].startswith("xla_") else r.get("backend")
         if name not in ("pallas", "triton", "xla", "auto"):
             continue
+        if name == "auto" and any(k.startswith("custom-call") for k in r.get("hlo_ops") or {}):
+            # auto ran one of our kernels in that run (its table said so then):
+            # no measurement of XLA's path with our de-duplication.
+            continue
         times[(op, r["dtype"], r["rows"])][(r["rows"], r["row_bytes"])][name] = r["us_per_step"]
+    return times
+
+
+def _compared(cases: dict) -> tuple[list[dict], str]:
+    """The cases timed with the kernels and XLA, and the kernel chosen between the two."""
+    full = [c for c in cases.values() if {"pallas", "triton", "xla"} <= set(c)]
+    if not full:
+        full = [c for c in cases.values() if {"pallas", "xla"} <= set(c)]
+    totals = {k: sum(c[k] for c in full) for k in ("pallas", "triton") if full and k in full[0]}
+    faster = "triton" in totals and totals["triton"] < totals["pallas"] * (1 - NOISE)
+    return full, "triton" if faster else "pallas"
+
+
+def _xla_path_faster(full: list[dict], kernel: str) -> bool | None:
+    """Whether auto's XLA path beat the kernel by more than the noise in every case (None:
+    not measured in these cases)."""
+    if not full or not all("auto" in c for c in full):
+        return None
+    return all(c["auto"] < c[kernel] * (1 - NOISE) for c in full)
+
+
+def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None = None
+           ) -> tuple[list[int], dict]:
+    """``(size_classes, choices)`` from a loop run's records.
+
+    ``xla_path_records`` (label -> records) are earlier runs in which ``auto``
+    ran XLA's path with our de-duplication: for a set class where the kernel
+    loses to XLA's bare set, and the source run has no such measurement, that
+    path is judged against the kernel of the same earlier run. Where no run
+    measured it, the kernel stays (the entry says ``"xla_path": "unmeasured"``).
+    """
+    times = _class_times(records)
+    earlier = {label: _class_times(r) for label, r in (xla_path_records or {}).items()}
     classes = sorted({rows for (_, _, rows) in times})
     choices: dict = {}
-    for (op, dtype, rows), cases in sorted(times.items()):
-        full = [c for c in cases.values() if {"pallas", "triton", "xla"} <= set(c)]
-        if not full:
-            full = [c for c in cases.values() if {"pallas", "xla"} <= set(c)]
+    for key, cases in sorted(times.items()):
+        op, dtype, rows = key
+        full, kernel = _compared(cases)
         if not full:
             continue
         totals = {k: round(sum(c[k] for c in full), 1) for k in full[0]}
-        kernel = "pallas"
-        if "triton" in totals and totals["triton"] < totals["pallas"] * (1 - NOISE):
-            kernel = "triton"
-        kernel_wins = op != "set" or all(c[kernel] <= c["xla"] for c in full)
-        if not kernel_wins and all("auto" in c for c in full):
-            # XLA's path as auto runs it (our de-duplication first), where measured.
-            kernel_wins = not all(c["auto"] < c[kernel] * (1 - NOISE) for c in full)
-        entry = {"backend": kernel if kernel_wins else "xla", "cases": len(full)}
+        entry = {"backend": kernel, "cases": len(full)}
+        if op == "set" and not all(c[kernel] <= c["xla"] for c in full):
+            verdict, source = _xla_path_faster(full, kernel), "this run"
+            for label, other in earlier.items():
+                if verdict is None and key in other:
+                    other_full, other_kernel = _compared(other[key])
+                    verdict, source = _xla_path_faster(other_full, other_kernel), label
+            if verdict:
+                entry["backend"] = "xla"
+            entry["xla_path"] = "unmeasured" if verdict is None else (
+                f"{'faster' if verdict else 'not faster'} than the kernel ({source})")
         entry.update({f"{k}_us": v for k, v in totals.items()})
         choices.setdefault(op, {}).setdefault(dtype, {})[str(rows)] = entry
     return classes, choices
@@ -96,21 +147,29 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", nargs="?", type=Path, default=DEFAULT_SOURCE)
     parser.add_argument("--out", type=Path, default=TABLE)
+    parser.add_argument(
+        "--xla-path-from", type=Path, action="append", default=None,
+        help="earlier loop runs in which auto ran XLA's path with our de-duplication "
+             f"(default: {DEFAULT_XLA_PATH.relative_to(REPO)})")
     args = parser.parse_args(argv)
     run = json.loads(args.source.read_text())
     meta = run["meta"]
-    classes, choices = choose(run["records"])
+    earlier_paths = [DEFAULT_XLA_PATH] if args.xla_path_from is None else args.xla_path_from
+    earlier = {_label(p): json.loads(p.read_text())["records"] for p in earlier_paths
+               if p.resolve() != args.source.resolve() and p.exists()}
+    classes, choices = choose(run["records"], earlier)
     source = args.source.resolve()
     table = {
         "source": str(source.relative_to(REPO) if source.is_relative_to(REPO) else source),
+        "xla_path_from": sorted(earlier),
         "measured": {k: meta.get(k) for k in ("date_utc", "gpu_name", "jax", "triton",
                                              "jax_triton")},
         "rule": (
             f"per size class: the kernel (triton only where faster than pallas by more than "
-            f"{NOISE:.0%}); for set, xla where the kernel is slower than XLA in any case, "
-            f"unless ours with auto (XLA's path with our de-duplication, where the run "
-            f"measured it) was not faster than the kernel by more than {NOISE:.0%} in every "
-            "case"
+            f"{NOISE:.0%}); for set, where the kernel is slower than XLA in any case, xla "
+            f"only if ours with auto (XLA's path with our de-duplication, measured in this "
+            f"run or else in xla_path_from) was faster than the kernel of the same run by "
+            f"more than {NOISE:.0%} in every case; unmeasured, the kernel stays"
         ),
         "size_classes": classes,
         "choices": choices,
@@ -127,8 +186,9 @@ def main(argv=None) -> int:
             for size, c in sizes.items():
                 times = ", ".join(f"{k[:-3]} {v} us" for k, v in sorted(c.items())
                                   if k.endswith("_us"))
+                note = f"; XLA's path {c['xla_path']}" if "xla_path" in c else ""
                 print(f"  {op} {dtype} <= {size} rows: {c['backend']} ({times}, "
-                      f"{c['cases']} cases)")
+                      f"{c['cases']} cases{note})")
     return 0
 
 

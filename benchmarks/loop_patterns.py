@@ -35,9 +35,11 @@ baseline makes the positions and values and carries them without writing.
 After one checked run of each provider the sampled rows (every row some step
 wrote, up to ``--check-written``, plus random others) must equal a numpy
 replay of every step bit for bit. Then, after each provider's ``--warmup``
-runs, the providers of a case are timed interleaved: in ``--rounds`` rounds
-(``ROUNDS`` when the parser has no such option), each giving every provider
-its share of its ``--runs`` timed runs, the order rotated by one per round.
+runs, the providers of a case are timed interleaved, as the grid's are
+(``benchmarks/scan_runner.py``, one buffer threaded through all of them):
+in ``--rounds`` rounds (``ROUNDS`` when the parser has no such option), each
+giving every provider its share of its ``--runs`` timed runs, the order
+rotated by one per round.
 Timed one after the other, drift of the machine (clocks, PCIe, the state of
 host memory) landed on one provider only: on the H200 ours and XLA's block
 insert, whose steps launch the same ops, measured 13.6 vs 12.8 us per step
@@ -45,11 +47,12 @@ insert, whose steps launch the same ops, measured 13.6 vs 12.8 us per step
 every provider sees the same drift. ``us_per_step`` is the median over all
 of a provider's timed runs, ``us_min``/``us_max`` their extremes.
 
-Records have the grid's fields (``op`` is the pattern, ``rows`` the rows
-written per step) plus ``shape``, ``rounds`` (the rounds the provider was
-timed in: fewer than asked when ``--runs`` is smaller, 1 for a scan timed
-once) and ``same_step_ops_as_xla`` (ours only: whether its compiled step
-counts the same ops as XLA's, see :func:`mark_same_step_ops`).
+Records have the grid's fields less its floor fields (``op`` is the pattern,
+``rows`` the rows written per step; ``rounds``, as in the grid, the rounds
+the provider was timed in: fewer than asked when ``--runs`` is smaller, 1 for
+a scan timed once) plus ``shape`` and ``same_step_ops_as_xla`` (ours only:
+whether its compiled step counts the same ops as XLA's, see
+:func:`mark_same_step_ops`).
 """
 
 from __future__ import annotations
@@ -69,10 +72,10 @@ from benchmarks import cases
 from benchmarks.scan_runner import (
     PinnedBuffer,
     check_scan,
+    check_then_time,
     compile_all,
     fill_op_costs,
     split_runnable,
-    time_interleaved,
 )
 from pallas_pinned.testing import make_values, scatter_oracle
 
@@ -322,21 +325,9 @@ def run_pattern_case(args, buf: PinnedBuffer, case: PatternCase, over_budget: bo
         for key in todo}
     try:
         compiled = compile_all(lowerings)
-        checked = []  # every provider is checked before any is timed
-        for provider, backend in todo:
-            record = base_record(case, provider, backend, args.steps, rounds)
-            record["check"] = f"{data.sample.size} sampled rows match the numpy replay"
-            judge = functools.partial(_judge, data, provider)
-            records.append(record)
-            scan = check_scan(args, buf, record, compiled[(provider, backend)], inputs,
-                              lambda x: read_flat_rows(x, data.sample), judge)
-            if scan is not None:  # else the record holds the error
-                checked.append(scan)
-        time_interleaved(buf, checked, rounds)
-        for scan in checked:
-            scan.record["rounds"] = scan.rounds
-        for provider, backend in todo:
-            progress.step(f"{case.name} {provider}[{backend}]")
+        records += check_then_time(
+            buf, todo, lambda p, b: _check(args, buf, data, p, b, compiled[(p, b)], rounds),
+            rounds, progress, case.name)
     finally:
         data.release()
     order = {key: k for k, key in enumerate(pattern_providers(case, args.backends))}
@@ -366,6 +357,17 @@ def mark_same_step_ops(records: list[dict]) -> None:
         r["same_step_ops_as_xla"] = (
             r["hlo_ops"] == xla["hlo_ops"] and r["kernels_per_step"] == xla["kernels_per_step"]
             if known else None)
+
+
+def _check(args, buf: PinnedBuffer, data: PatternData, provider: str, backend: str,
+           compiled_and_s, rounds: int):
+    """One provider's record and its checked run (:func:`check_scan`), timed later."""
+    record = base_record(data.case, provider, backend, args.steps, rounds)
+    record["check"] = f"{data.sample.size} sampled rows match the numpy replay"
+    scan = check_scan(args, buf, record, compiled_and_s, (data.base_dev, data.lengths_dev),
+                      lambda x: read_flat_rows(x, data.sample),
+                      functools.partial(_judge, data, provider))
+    return record, scan
 
 
 def _judge(data: PatternData, provider: str, before: np.ndarray, outputs) -> str | None:

@@ -17,6 +17,14 @@ the device, then writes (or, for the baseline, does not):
 * the baseline makes both and carries them to the scan's output (so XLA cannot
   delete the work) but writes nothing: ``op_cost_us`` is a step's time minus
   the baseline's.
+* ``floor_launch`` is the baseline's step with the buffer passed through one
+  aliased Pallas kernel that takes the indices and updates but writes nothing
+  (``benchmarks/loop_floor.py``): its ``op_cost_us`` is what any in-stream
+  kernel adds to the step, the floor of our writes.
+* the read-after-write providers (``xla_add_read``, ``ours_add_read``) add the
+  updates at the step's rows, then read those rows back and carry them (with
+  the buffer), as a client that uses what it wrote must: XLA's host add is
+  off the GPU's path only while nobody reads the rows.
 """
 
 from __future__ import annotations
@@ -31,20 +39,21 @@ import numpy as np
 from jax import lax
 
 import pallas_pinned as pp
-from benchmarks import checks
+from benchmarks import checks, loop_floor
 from pallas_pinned.testing import LoopCase, make_values, scatter_add_oracle, scatter_oracle
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopProvider:
     name: str
-    op: str  # "set", "add", "get" or "none" (the baseline)
+    op: str  # "set", "add", "get", "add_read", "floor" or "none" (the baseline)
     ours: bool  # takes a backend= (extra rows with --backends)
     sorted_rows: bool = False  # reads the sorted index table
 
 
 PROVIDERS = (
     LoopProvider("baseline", "none", False),
+    LoopProvider("floor_launch", "floor", False),
     LoopProvider("xla_set", "set", False),
     LoopProvider("ours_set", "set", True),
     LoopProvider("ours_set_unique", "set", True),
@@ -54,6 +63,8 @@ PROVIDERS = (
     LoopProvider("ours_add_unique", "add", True),
     LoopProvider("xla_get", "get", False),
     LoopProvider("ours_get", "get", True),
+    LoopProvider("xla_add_read", "add_read", False),
+    LoopProvider("ours_add_read", "add_read", True),
 )
 PROVIDER_NAMES = tuple(p.name for p in PROVIDERS)
 
@@ -69,15 +80,19 @@ def _xla_get(x, i):
 
 
 def read_fn(name: str, backend: str) -> Callable:
-    """``read(x, i) -> rows`` of a gather provider."""
-    return {
-        "xla_get": _xla_get,
-        "ours_get": functools.partial(pp.gather_from_host, backend=backend),
-    }[name]
+    """``read(x, i) -> rows`` of a gather or read-after-write provider."""
+    ours = functools.partial(pp.gather_from_host, backend=backend)
+    return {"xla_get": _xla_get, "ours_get": ours,
+            "xla_add_read": _xla_get, "ours_add_read": ours}[name]
 
 
 def write_fn(name: str, backend: str) -> Callable:
-    """``write(x, i, u) -> x`` of one provider (not for the baseline or a gather)."""
+    """``write(x, i, u) -> x`` of one provider (not for the baseline or a gather).
+
+    ``floor_launch`` writes nothing through one kernel: backend "-" runs it
+    as the platform allows (:func:`benchmarks.loop_floor.floor_launch`), any
+    other than "interpret" forces the compiled kernel (lowering for CUDA).
+    """
     set_ = functools.partial(pp.scatter_to_host, backend=backend)
     add = functools.partial(pp.scatter_add_to_host, backend=backend)
     return {
@@ -89,6 +104,11 @@ def write_fn(name: str, backend: str) -> Callable:
         "xla_add": lambda x, i, u: x.at[i].add(u),
         "ours_add": add,
         "ours_add_unique": functools.partial(add, unique_indices=True),
+        "xla_add_read": lambda x, i, u: x.at[i].add(u),
+        "ours_add_read": add,
+        "floor_launch": functools.partial(
+            loop_floor.floor_launch,
+            interpret=None if backend == "-" else backend == "interpret"),
     }[name]
 
 
@@ -101,15 +121,20 @@ def scan_fn(provider: LoopProvider, backend: str) -> Callable:
     """The jitted scan ``(x, table, base) -> outputs``; outputs[0] is the buffer.
 
     The buffer is donated. The baseline also returns the last step's indices
-    and updates: a scan output XLA must compute, so it keeps the work. A
+    and updates: a scan output XLA must compute, so it keeps the work;
+    floor_launch is the same step with the buffer passed through its kernel. A
     gather carries the rows it read (outputs[1]: the last step's), which every
-    step overwrites, so every step's read is live.
+    step overwrites, so every step's read is live; so does a read-after-write
+    provider, the rows it read after its add.
     """
     steps_of = lambda table: jnp.arange(table.shape[0], dtype=jnp.int32)  # noqa: E731
-    if provider.op == "none":
+    if provider.op in ("none", "floor"):
+        keep = (lambda x, i, u: x) if provider.op == "none" else write_fn(provider.name, backend)
+
         def run(x, table, base):
             def body(carry, t):
-                return (carry[0], *_step_inputs(table, base, t)), None
+                i, u = _step_inputs(table, base, t)
+                return (keep(carry[0], i, u), i, u), None
 
             init = (x, jnp.zeros(table.shape[1:], table.dtype), jnp.zeros_like(base))
             return lax.scan(body, init, steps_of(table))[0]
@@ -122,6 +147,16 @@ def scan_fn(provider: LoopProvider, backend: str) -> Callable:
                 i, u = _step_inputs(table, base, t)
                 # + u: the rows depend on the step's data as a write's would.
                 return (x, read(x, i) + u), None
+
+            return lax.scan(body, (x, jnp.zeros_like(base)), steps_of(table))[0]
+    elif provider.op == "add_read":
+        write, read = write_fn(provider.name, backend), read_fn(provider.name, backend)
+
+        def run(x, table, base):
+            def body(carry, t):
+                i, u = _step_inputs(table, base, t)
+                x = write(carry[0], i, u)
+                return (x, read(x, i)), None
 
             return lax.scan(body, (x, jnp.zeros_like(base)), steps_of(table))[0]
     else:
@@ -193,26 +228,45 @@ def _sample_rows(rng: np.random.Generator, num_rows: int, n: int) -> np.ndarray:
     return rng.permutation(num_rows)[:n].astype(np.int32)
 
 
+# Steps that must leave the buffer as it was, by what the message calls them.
+_UNCHANGED = {"none": "baseline", "get": "gather", "floor": "floor_launch"}
+
+
 def check_replay(data: LoopData, provider: LoopProvider, before: np.ndarray,
                  after: np.ndarray) -> str | None:
     """The sampled rows after one scan against a numpy replay of its steps; None if they match.
 
     Each step is replayed with the oracle of ``pallas_pinned.testing`` on the
     sampled rows it hits. Indices are unique within a step, so sets are
-    checked bit for bit; sums within their rounding error (``checks.compare_sums``).
-    The baseline and a gather must leave every sampled row as it was (a
-    gather's rows are checked by :func:`check_gathered`).
+    checked bit for bit; sums (add and add_read) within their rounding error
+    (``checks.compare_sums``). The baseline, floor_launch and a gather must
+    leave every sampled row as it was (a gather's rows are checked by
+    :func:`check_gathered`, a read-after-write's by :func:`check_read_back`).
     """
     op = provider.op
-    if op in ("none", "get"):
+    if op in _UNCHANGED:
         return None if before.tobytes() == after.tobytes() else (
-            f"the {'baseline' if op == 'none' else 'gather'} changed the buffer: "
+            f"the {_UNCHANGED[op]} changed the buffer: "
             f"{_changed_rows(before, after)} sampled rows differ")
+    hits = data.sorted_hits if provider.sorted_rows else data.hits
+    expected, magnitude, terms = _replay(data, op, before, hits)
+    if op == "set":
+        return None if expected.tobytes() == after.tobytes() else (
+            f"{_changed_rows(expected, after)} of {after.shape[0]} sampled rows differ "
+            "from the numpy replay")
+    return checks.compare_sums(after, expected, magnitude, terms)
+
+
+def _replay(data: LoopData, op: str, before: np.ndarray, hits: list) -> tuple:
+    """``(expected, magnitude, terms)``: ``before`` after every step's writes at ``hits``.
+
+    ``hits[t]`` is step ``t``'s ``(positions in the step, slots in before)``.
+    For sums, ``magnitude`` and ``terms`` give ``checks.compare_sums`` its bound.
+    """
     expected = before.copy()
     wide = np.float64
     magnitude = np.abs(before.astype(wide))
     terms = np.zeros(before.shape[0], np.int64)
-    hits = data.sorted_hits if provider.sorted_rows else data.hits
     for t, (positions, slots) in enumerate(hits):
         if positions.size == 0:
             continue
@@ -223,11 +277,22 @@ def check_replay(data: LoopData, provider: LoopProvider, before: np.ndarray,
             expected = scatter_add_oracle(expected, slots, updates)
             magnitude = scatter_add_oracle(magnitude, slots, np.abs(updates.astype(wide)))
             terms[slots] += 1
-    if op == "set":
-        return None if expected.tobytes() == after.tobytes() else (
-            f"{_changed_rows(expected, after)} of {after.shape[0]} sampled rows differ "
-            "from the numpy replay")
-    return checks.compare_sums(after, expected, magnitude, terms)
+    return expected, magnitude, terms
+
+
+def check_read_back(data: LoopData, before_last: np.ndarray,
+                    carried: np.ndarray) -> str | None:
+    """A read-after-write scan's output (the rows read after the last step's add) against
+    the oracle: the buffer's rows at the last step's indices before the run
+    (``before_last``), every step's adds to them replayed. Within rounding.
+    """
+    last = data.table[-1]
+    order = np.argsort(last, kind="stable")  # distinct rows: sorted, as hits_in wants
+    rows = last[order]
+    hits = [checks.hits_in(rows, step) for step in data.table]
+    expected, magnitude, terms = _replay(data, "add", before_last[order], hits)
+    mismatch = checks.compare_sums(carried[order], expected, magnitude, terms)
+    return None if mismatch is None else f"rows read after the last add: {mismatch}"
 
 
 def check_gathered(data: LoopData, last_rows: np.ndarray, x_rows: np.ndarray) -> str | None:

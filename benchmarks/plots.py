@@ -85,8 +85,10 @@ def _legend_and_save(plt, fig, axes, title: str, path: Path) -> None:
     plt.close(fig)
 
 
-_LOOP_COLOURS = {"baseline": "grey", "xla": "tab:red", "ours": "black",
-                 "ours_unique": "tab:blue", "ours_unique_sorted": "tab:green"}
+_LOOP_COLOURS = {"baseline": "grey", "floor_launch": "tab:orange", "xla": "tab:red",
+                 "ours": "black", "ours_unique": "tab:blue", "ours_unique_sorted": "tab:green"}
+# Steps that write nothing: a line in every panel, no panel of their own.
+_REFERENCE_OPS = ("none", "floor")
 _BACKEND_MARKERS = {"pallas": "s", "triton": "^", "interpret": "x"}
 
 
@@ -94,13 +96,15 @@ def plot_loop(records: list[dict], path: Path) -> Path | None:
     """us/step against rows per step, log-log: one panel per (op, dtype, row bytes).
 
     Lines: ours (solid) and XLA (dashed) for the op, the baseline (dotted) for
-    what a step costs without any write. None when matplotlib is missing.
+    what a step costs without any write, floor_launch (dotted, orange) for one
+    with an aliased kernel that writes nothing. None when matplotlib is missing.
     """
     plt = _pyplot()
     if plt is None:
         return None
     timed = [r for r in records if r.get("us_per_step")]
-    panels = sorted({(r["op"], r["dtype"], r["row_bytes"]) for r in timed if r["op"] != "none"})
+    panels = sorted({(r["op"], r["dtype"], r["row_bytes"]) for r in timed
+                     if r["op"] not in _REFERENCE_OPS})
     if not panels:
         return None
     cols = min(4, len(panels))
@@ -109,16 +113,18 @@ def plot_loop(records: list[dict], path: Path) -> Path | None:
     for ax, (op, dtype, row_bytes) in zip(axes.flat, panels, strict=False):
         case = [r for r in timed if r["dtype"] == dtype and r["row_bytes"] == row_bytes]
         lines = sorted({(r["provider"], r["backend"]) for r in case
-                        if r["op"] in (op, "none")})
+                        if r["op"] in (op, *_REFERENCE_OPS)})
         for provider, backend in lines:
             pts = sorted((r["rows"], r["us_per_step"]) for r in case
                          if (r["provider"], r["backend"]) == (provider, backend))
             xs, ys = zip(*pts, strict=True)
-            # The same colour for a provider in every panel (set and add
-            # share them: ours black, the unique promise blue, XLA red).
-            family = provider.replace("_set", "").replace("_add", "")
+            # The same colour for a provider in every panel (the ops share
+            # them: ours black, the unique promise blue, XLA red).
+            family = provider
+            for op_part in ("_set", "_add", "_read", "_get"):
+                family = family.replace(op_part, "")
             style = {"color": _LOOP_COLOURS.get(family, "tab:purple"),
-                     "linestyle": ":" if family == "baseline" else
+                     "linestyle": ":" if family in ("baseline", "floor_launch") else
                      "--" if family == "xla" else "-",
                      "marker": _BACKEND_MARKERS.get(backend, "o"), "markersize": 4}
             label = provider if backend in ("auto", "-") else f"{provider}[{backend}]"

@@ -118,7 +118,7 @@ def print_table(header: Sequence[str], rows: list[list[str]], title: str,
         table.add_column(name, justify="left" if name in left else "right")
     for row in rows:
         table.add_row(*row)
-    Console(width=180).print(table)
+    Console(width=200).print(table)
 
 
 SWEEP_HEADER = ["case", "provider", "median", "GB/s", "M upd/s", "of ceiling", "correct", "note"]
@@ -157,16 +157,28 @@ def _us(r: dict | None) -> str:
     return f"{r['us_per_step']:.1f}{cost}"
 
 
+def _floor(r: dict | None) -> str:
+    if not r or r.get("kernel_floor_us") is None:
+        return "-"
+    return f"{r['kernel_floor_us']:.1f} (+{r['pcie_us']:.1f})"
+
+
 def print_loop_table(records: list[dict], title: str) -> None:
-    """One line per (case, op, backend): us/step (op cost), kernels/step, ours/xla."""
-    header = ["rows", "row B", "dtype", "op", "base us", "xla us (op)", "ours us (op)",
-              "unique", "unique+sorted", "kernels x/o", "ours/xla"]
+    """One line per (case, op, backend): us/step (op cost), kernels/step, ours/xla.
+
+    ``launch`` is the floor_launch step (one aliased kernel writing nothing),
+    ``floor`` that plus the op's bytes over PCIe at the ceiling (in brackets):
+    what an in-stream kernel can approach (``benchmarks/loop_floor.py``).
+    """
+    header = ["rows", "row B", "dtype", "op", "base us", "launch (op)", "xla us (op)",
+              "ours us (op)", "floor (+pcie)", "unique", "unique+sorted", "kernels x/o",
+              "ours/xla"]
     by = {(r["case"], r["provider"], r["backend"]): r for r in records}
     rows, seen = [], set()
     for r in records:
         auto = r["backend"] in ("auto", "-")
         backend = "auto" if auto else r["backend"]
-        if r["op"] == "none" or (r["case"], r["op"], backend) in seen:
+        if r["op"] in ("none", "floor") or (r["case"], r["op"], backend) in seen:
             continue
         seen.add((r["case"], r["op"], backend))
         get = lambda name, c=r["case"], b=backend: by.get((c, name, b))  # noqa: E731
@@ -181,7 +193,9 @@ def print_loop_table(records: list[dict], title: str) -> None:
                            else f"{k['kernels_per_step']:g}" for k in (xla, ours))
         rows.append([str(r["rows"]), str(r["row_bytes"]), r["dtype"],
                      r["op"] if auto else f"{r['op']}[{backend}]",
-                     _us(base).split(" ")[0], _us(xla) if auto else "", _us(ours),
+                     _us(base).split(" ")[0],
+                     _us(by.get((r["case"], "floor_launch", "-"))) if auto else "",
+                     _us(xla) if auto else "", _us(ours), _floor(ours),
                      _us(get(f"ours_{r['op']}_unique")),
                      _us(get("ours_set_unique_sorted")) if r["op"] == "set" else "",
                      kernels, ratio])

@@ -2,9 +2,12 @@
 
 Shared by the grid (``benchmarks.loop``) and the write patterns
 (``benchmarks.loop_patterns``): the one pinned buffer of a run, the programs
-of a case compiled side by side, one checked run per program, then the timing:
-one program alone (:func:`run_scan`, the grid) or the programs of a case
-interleaved in rounds (:func:`time_interleaved`, the write patterns).
+of a case compiled side by side, one checked run per program, then the timing
+of all the case's programs interleaved in rounds (:func:`check_then_time`,
+:func:`time_interleaved`). The one buffer is threaded through every program
+in turn (each donates it to the next): each check compares against a replay
+of that program's own steps from the rows read just before its run, so no
+program needs a buffer of its own, and pinned memory stays one buffer.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def compile_all(lowerings: dict) -> dict:
     for key, lower in lowerings.items():
         try:
             lowered[key] = lower()
-        except Exception as err:  # noqa: BLE001 - recorded by run_scan as the pair's error
+        except Exception as err:  # noqa: BLE001 - recorded by check_scan as the pair's error
             lowered[key] = err
 
     def compile_one(item):
@@ -71,7 +74,7 @@ def compile_all(lowerings: dict) -> dict:
         t0 = time.perf_counter()
         try:
             return item.compile(), time.perf_counter() - t0
-        except Exception as err:  # noqa: BLE001 - recorded by run_scan as the pair's error
+        except Exception as err:  # noqa: BLE001 - recorded by check_scan as the pair's error
             return err, time.perf_counter() - t0
 
     workers = max(1, min(len(lowered), os.cpu_count() or 1, 8))
@@ -151,11 +154,13 @@ def time_interleaved(buf: PinnedBuffer, scans: list[CheckedScan], rounds: int) -
     of its timed calls (:func:`round_shares`), the order rotated by one per
     round so that none always follows the same one. ``us_per_step`` is the
     median over all of a scan's timed calls, ``us_min``/``us_max`` their
-    extremes, ``runs`` their number; ``scan.rounds`` the rounds it was timed in.
+    extremes, ``runs`` their number; ``scan.rounds`` and the record's
+    ``rounds`` the rounds it was timed in.
     """
     live = list(scans)
     for scan in scans:
-        _call_or_fail(buf, scan, live, 0, scan.warmup)
+        if scan.warmup:
+            _call_or_fail(buf, scan, live, 0, scan.warmup)
     shares = {scan: round_shares(scan.timed_calls, rounds) for scan in scans}
     for k in range(max((len(s) for s in shares.values()), default=0)):
         turn = k % len(scans)
@@ -163,6 +168,8 @@ def time_interleaved(buf: PinnedBuffer, scans: list[CheckedScan], rounds: int) -
             share = shares[scan]
             if scan in live and k < len(share) and _call_or_fail(buf, scan, live, share[k], 0):
                 scan.rounds += 1
+    for scan in scans:
+        scan.record["rounds"] = scan.rounds
     for scan in live:
         measured = timing.Timing.of(scan.seconds)
         per_step = 1e6 / scan.record["steps"]
@@ -189,13 +196,25 @@ def _record_error(buf: PinnedBuffer, record: dict, err: Exception) -> None:
     record["error"] = f"{type(err).__name__}: {err}"[:600]
 
 
-def run_scan(args, buf: PinnedBuffer, record: dict, compiled_and_s, inputs: tuple,
-             read_before, judge) -> dict:
-    """One compiled scan alone: :func:`check_scan`, then ``--runs`` timed calls in a row."""
-    scan = check_scan(args, buf, record, compiled_and_s, inputs, read_before, judge)
-    if scan is not None:
-        time_interleaved(buf, [scan], rounds=1)
-    return record
+def check_then_time(buf: PinnedBuffer, todo: list, check_one, rounds: int, progress,
+                    label: str) -> list[dict]:
+    """Every row of a case checked, then the checked ones timed interleaved; their records.
+
+    ``check_one(provider, backend)`` makes a row's record and runs
+    :func:`check_scan` on it: ``(record, CheckedScan or None)``. No row is timed
+    before every row has been checked; then :func:`time_interleaved` times
+    them all in ``rounds`` rounds. Records come back in ``todo``'s order.
+    """
+    records, checked = [], []
+    for provider, backend in todo:
+        record, scan = check_one(provider, backend)
+        records.append(record)
+        if scan is not None:  # else the record holds the error
+            checked.append(scan)
+    time_interleaved(buf, checked, rounds)
+    for provider, backend in todo:
+        progress.step(f"{label} {getattr(provider, 'name', provider)}[{backend}]")
+    return records
 
 
 def backend_skip_reason(args, backend: str) -> str | None:

@@ -135,8 +135,8 @@ def test_gpu_auto_takes_the_raw_triton_kernels_when_pallas_triton_is_gone():
 
 
 def test_auto_follows_the_shipped_measured_table():
-    # The table ships with the package and names the run it was derived from;
-    # re-deriving it from that committed run gives the same table.
+    # The table ships with the package and names the runs it was derived from;
+    # re-deriving it from those committed runs gives the same table.
     import importlib.resources
 
     from benchmarks import choose_backends
@@ -147,7 +147,9 @@ def test_auto_follows_the_shipped_measured_table():
     assert shipped["source"].startswith("benchmarks/results/loop")
     assert shipped["measured"]["gpu_name"] == "NVIDIA H200"
     run = json.loads((choose_backends.REPO / shipped["source"]).read_text())
-    classes, choices = choose_backends.choose(run["records"])
+    earlier = {label: json.loads((choose_backends.REPO / label).read_text())["records"]
+               for label in shipped["xla_path_from"]}
+    classes, choices = choose_backends.choose(run["records"], earlier)
     assert (classes, choices) == (shipped["size_classes"], shipped["choices"])
     for op, dtypes in shipped["choices"].items():
         for dtype, sizes in dtypes.items():

@@ -2,26 +2,32 @@
 
 The loop runs as CI would run it (a subprocess, ``--cpu``): every (case,
 provider, backend) must be recorded, checked against the numpy replay and
-timed; a provider broken on purpose must be caught and fail the run. The write
-patterns (ring insert, KV-cache write, per-sequence decode write) go through
-the index grammar of ``pallas_pinned.at``.
+timed (in rounds: ``rounds`` on every record); a provider broken on purpose
+must be caught and fail the run. The write patterns (ring insert, KV-cache
+write, per-sequence decode write) go through the index grammar of
+``pallas_pinned.at``, and one pattern case is timed in-process to see its
+providers interleaved. The grid's interleaved timing, the measured floor
+(``floor_launch``) and the read-after-write providers are tested in-process
+in ``test_benchmarks_loop_grid.py``.
 """
 
 import json
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pallas_pinned
 import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
-from benchmarks import choose_backends, loop, loop_patterns
+from benchmarks import choose_backends, loop, loop_floor, loop_patterns, scan_runner
 from benchmarks.loop_steps import PROVIDER_NAMES
 from pallas_pinned import testing
 from tests.benchmark_helpers import explain, run_cli
 
 LOOP_FIELDS = ("op", "rows", "row_bytes", "dtype", "provider", "backend", "us_per_step",
-               "us_min", "us_max", "op_cost_us", "kernels_per_step", "correct")
+               "us_min", "us_max", "runs", "rounds", "op_cost_us", "kernels_per_step",
+               "correct")
 PATTERN_NAMES = {c.name for c in loop_patterns.CPU_PATTERNS}
 GRID_CASE = testing.LoopCase(64, 256)
 
@@ -52,8 +58,8 @@ def wrong(name, backend):
 loop_steps.write_fn = wrong
 right_read = loop_steps.read_fn
 loop_steps.read_fn = lambda name, backend: (  # gathers the neighbouring rows
-    (lambda x, i: right_read(name, backend)(x, (i + 1) % x.shape[0])) if name == "ours_get"
-    else right_read(name, backend))
+    (lambda x, i: right_read(name, backend)(x, (i + 1) % x.shape[0]))
+    if name in ("ours_get", "ours_add_read") else right_read(name, backend))
 right_ours = loop_patterns._ours
 def wrong_ours(op, n, backend, x, where, values):
     if op == "kv":  # writes one position too far
@@ -62,7 +68,7 @@ def wrong_ours(op, n, backend, x, where, values):
 loop_patterns._ours = wrong_ours
 sys.exit(loop.main({argv!r}))
 """
-BROKEN = ("ours_set_unique", "ours_get", "ours_kv")
+BROKEN = ("ours_set_unique", "ours_get", "ours_kv", "ours_add_read")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +91,8 @@ def _loop(out: Path) -> dict:
 
 def _expected_rows(backends: tuple[str, ...]) -> set[tuple[str, str]]:
     ours = [p for p in PROVIDER_NAMES if p.startswith("ours")]
-    expected = {("baseline", "-"), ("xla_set", "-"), ("xla_add", "-"), ("xla_get", "-")}
+    expected = {("baseline", "-"), ("floor_launch", "-"), ("xla_set", "-"), ("xla_add", "-"),
+                ("xla_get", "-"), ("xla_add_read", "-")}
     return expected | {(p, b) for p in ours for b in ("auto", *backends)}
 
 
@@ -107,6 +114,9 @@ def test_loop_records_are_checked_and_consistent(loop_run):
             continue
         assert r["status"] == "ok" and r["correct"] is (r["provider"] not in BROKEN), r
         assert 0 < r["us_min"] <= r["us_per_step"] <= r["us_max"], r
+        # --runs 2 under the default --rounds 5: one timed run in each of two rounds,
+        # the grid's providers interleaved as the patterns' are.
+        assert r["runs"] == 2 and r["rounds"] == 2, r
         assert r["kernels_per_step"] >= 1, r
         base = next(b for b in records if b["case"] == r["case"] and b["provider"] == "baseline")
         assert r["op_cost_us"] == pytest.approx(r["us_per_step"] - base["us_per_step"])
@@ -125,6 +135,11 @@ def test_loop_prints_the_table_and_a_plot(loop_run):
         assert "no plot: matplotlib is not installed" in stdout
     for name in BROKEN[:2]:
         assert f"INCORRECT: {name}[auto]" in stdout
+    # The add was right; the rows read back after it were the neighbours.
+    assert (f"INCORRECT: ours_add_read[auto] on {GRID_CASE.name}: rows read after the last "
+            "add:") in stdout
+    assert "launch (op)" in stdout and "floor (+pcie)" in stdout
+    assert " add_read " in stdout  # a line of the table: xla_add_read and ours_add_read
 
 
 @needs_index_grammar
@@ -146,8 +161,6 @@ def test_every_write_pattern_is_measured_against_xla(loop_run):
 
 
 def test_the_ring_case_wraps_and_the_others_do_not_repeat_rows():
-    import numpy as np
-
     for case in loop_patterns.CPU_PATTERNS:
         lengths0 = np.arange(case.shape[0]) % case.shape[1]
         rows = [loop_patterns.written_rows(case, t, lengths0) for t in range(16)]
@@ -216,8 +229,27 @@ def test_choose_backends_keeps_the_set_kernel_where_auto_s_xla_path_was_not_fast
     choices = choose_backends.choose(records)[1]["set"]["float32"]
     assert choices["16"]["backend"] == "xla"
     assert choices["1024"]["backend"] == "pallas"
+    # Unmeasured anywhere: the kernel stays. Measured in an earlier run only:
+    # judged there, against that run's kernel.
     no_auto = [r for r in records if r["backend"] != "auto"]
-    assert choose_backends.choose(no_auto)[1]["set"]["float32"]["1024"]["backend"] == "xla"
+    alone = choose_backends.choose(no_auto)[1]["set"]["float32"]
+    assert alone["16"]["backend"] == alone["1024"]["backend"] == "pallas"
+    assert alone["16"]["xla_path"] == "unmeasured"
+    earlier = choose_backends.choose(no_auto, {"old.json": records})[1]["set"]["float32"]
+    assert earlier["16"]["backend"] == "xla" and "old.json" in earlier["16"]["xla_path"]
+    assert earlier["1024"]["backend"] == "pallas"
+
+
+def test_choose_backends_ignores_auto_rows_that_ran_a_kernel():
+    # auto ran our kernel there (its table said so when the run was made): no
+    # evidence about XLA's path, however fast it was.
+    records = [
+        _row("ours_set", "pallas", 16, 20.0), _row("ours_set", "triton", 16, 30.0),
+        _row("xla_set", "-", 16, 10.0),
+        dict(_row("ours_set", "auto", 16, 12.0), hlo_ops={"custom-call:triton_kernel_call": 1}),
+    ]
+    entry = choose_backends.choose(records)[1]["set"]["float32"]["16"]
+    assert entry["backend"] == "pallas" and entry["xla_path"] == "unmeasured"
 
 
 def test_choose_backends_names_an_unmeasured_op(tmp_path, capsys):
@@ -241,6 +273,36 @@ def test_the_loop_run_feeds_choose_backends_gather_rows(loop_run):
     assert set(choose_backends.PROVIDERS) <= providers
 
 
+def test_choose_backends_ignores_the_floor_and_the_read_after_write_rows():
+    measured = [_row("ours_set", "pallas", 16, 10.0), _row("ours_set", "triton", 16, 20.0),
+                _row("xla_set", "-", 16, 12.0)]
+    extra = [_row("floor_launch", "-", 16, 1.0), _row("xla_add_read", "-", 16, 1.0)] + [
+        _row("ours_add_read", b, 16, 500.0) for b in ("pallas", "triton", "auto")]
+    assert choose_backends.choose(measured + extra) == choose_backends.choose(measured)
+    assert choose_backends.choose(extra) == ([], {})
+
+
+# ---------------------------------------------------------------------------
+# The measured floor (floor_launch, PCIe): in-process tests in test_benchmarks_loop_grid.py
+
+
+def test_every_grid_record_carries_the_floor_of_its_case(loop_run):
+    out, _ = loop_run
+    records = [r for r in _loop(out)["records"] if r["case"] == GRID_CASE.name]
+    floor = next(r for r in records if r["provider"] == "floor_launch")
+    assert floor["op"] == "floor" and floor["correct"] is True and floor["us_per_step"] > 0
+    passes = {"set": 1, "get": 1, "add": 2, "add_read": 3}  # add reads and writes each row
+    for r in records:
+        assert r["floor_launch_us"] == floor["us_per_step"], r
+        if r["op"] in ("none", "floor"):  # moves no rows
+            assert r["pcie_us"] is None and r["kernel_floor_us"] is None, r
+            continue
+        transfer_us = passes[r["op"]] * GRID_CASE.rows * GRID_CASE.row_bytes / 52e9 * 1e6
+        assert r["pcie_us"] == pytest.approx(transfer_us), r
+        assert r["kernel_floor_us"] == pytest.approx(floor["us_per_step"] + transfer_us), r
+    assert _loop(out)["meta"]["pcie_bytes_per_s"] == loop_floor.PCIE_BYTES_PER_S == 52e9
+
+
 def test_the_default_cpu_plan_is_the_cpu_grid_and_every_pattern():
     args = loop.parse_args(["--cpu"])
     grid, plan, _ = loop.plan_cases(args)
@@ -254,8 +316,6 @@ def test_the_default_cpu_plan_is_the_cpu_grid_and_every_pattern():
 def test_a_pattern_case_is_timed_interleaved_in_rounds(monkeypatch):
     # Timed one provider after the other, drift of the machine lands on one of
     # them: every provider is checked first, then timed round-robin, rotated.
-    from benchmarks import scan_runner
-
     calls = []
     right = scan_runner.call_scan
 
