@@ -13,10 +13,11 @@ bound what any in-stream kernel write can cost per step:
   costs (launch, the stream dependency on the buffer, the lost overlap).
 * ``pcie_us``: the op's bytes over PCIe at :data:`PCIE_BYTES_PER_S`.
 
-``kernel_floor_us`` = the floor_launch step time + ``pcie_us``: the step an
-in-stream kernel moving those bytes can approach but not beat (up to PCIe
-being full duplex: an add overlapping its reads and writes could come in
-somewhat under). Each grid record of a case gets the three (None where the
+``kernel_floor_us`` = the floor_launch step time + ``pcie_us``: the launch and
+the transfer counted one after the other, so a floor only where the transfer
+is negligible; larger writes overlap the two and come in under it (H200,
+2026-12-03 16:50 UTC: a set of 1024 x 1 KiB took 29.1 us against 38.9). Each
+grid record of a case gets the three (None where the
 case has no timed floor_launch; ``pcie_us`` and ``kernel_floor_us`` None
 for a step that moves no rows).
 """
