@@ -185,15 +185,13 @@ def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
     rows = _normalized(x2d, rows, cfg)
     src = None
     check_bounds = cfg.mode != "promise_in_bounds"
-    if not cfg.rows_distinct and rows.shape[0] > 1 and launch.add_sorted is not None and (
-        cfg.thresholds.add_runs_in_kernel
-    ):
-        # A stable order makes each row's entries one run; the kernel sums each
-        # run in entry order and masks the skip markers itself.
-        if not cfg.ascending:
-            rows, src = _rows.stable_order(rows, small_max=cfg.thresholds.runs_rank_max)
-        return launch.add_sorted(x2d, rows, src, updates2d, acc_dtype=acc)
     if not cfg.rows_distinct and rows.shape[0] > 1:
+        if launch.add_sorted is not None and cfg.thresholds.add_runs_in_kernel:
+            # A stable order makes each row's entries one run; the kernel sums
+            # each run in entry order and masks the skip markers itself.
+            if not cfg.ascending:
+                rows, src = _rows.stable_order(rows, small_max=cfg.thresholds.runs_rank_max)
+            return launch.add_sorted(x2d, rows, src, updates2d, acc_dtype=acc)
         # One distinct row per kernel entry, summed on the device first; the
         # skip markers it leaves behind must always be masked.
         rows, updates2d = _combined(x2d, rows, updates2d, cfg, presorted=cfg.ascending)
