@@ -61,7 +61,7 @@ class Thresholds:
     # (its fused path serves 4096), measured in the loop benchmark's add rows.
     fused_max_adds: int = 1024
     # scatter_add_to_host (Pallas), beyond fused_max_adds: duplicates are summed
-    # by the kernel over the runs of a stable order (one sort, one launch), in
+    # by the kernel over the runs of a stable order (one launch after it), in
     # entry order, instead of by XLA's segmented scan (log2(n) passes over the
     # updates) before the launch. The scan took 72.4 of the 85.2 us of the
     # sparse client's add (H200 probe, 2026-12-03 14:46 UTC, 4096 Zipf ids).
@@ -94,10 +94,10 @@ class Thresholds:
     # 64 x 1 KiB copy 17.1, rows 27.1, XLA's copy 16.6; 1024 x 1 KiB copy 36.1,
     # rows 27.1, XLA's copy 35.2; the block probe (13:57) had rows at or below
     # XLA's copy at 1024 x 1 KiB and 16384 x 256 B too (29.9 vs 29.6, 91.7 vs
-    # 94.6). With this switch (15:18,
-    # benchmarks/results/loop_quick_h200.json): 64 rows 14.5 against XLA's
-    # 15.7, 1024 rows 27.6 against 36.2. Sizes between 64 and 1024 rows are
-    # unmeasured.
+    # 94.6). With this switch (15:18, benchmarks/results/loop_quick_h200_1518.json):
+    # 64 rows 14.5 against XLA's 15.7, 1024 rows 27.6 against 36.2; 16:50
+    # (loop_quick_h200.json): 13.6 against 13.4, 26.6 against 35.5. Sizes
+    # between 64 and 1024 rows are unmeasured.
     block_rows_from: int = 1024
     # False turns the locality sort off altogether (rows with duplicates are
     # still de-duplicated). For benchmarks that measure what sorting buys.
