@@ -89,14 +89,15 @@ def _class_times(records: list[dict]) -> dict:
     return times
 
 
-def _compared(cases: dict) -> tuple[list[dict], str]:
-    """The cases timed with the kernels and XLA, and the kernel chosen between the two."""
+def _compared(cases: dict) -> tuple[list[dict], str, dict]:
+    """The cases timed with the kernels and XLA, the kernel chosen between the two, and
+    each provider's time summed over those cases."""
     full = [c for c in cases.values() if {"pallas", "triton", "xla"} <= set(c)]
     if not full:
         full = [c for c in cases.values() if {"pallas", "xla"} <= set(c)]
-    totals = {k: sum(c[k] for c in full) for k in ("pallas", "triton") if full and k in full[0]}
+    totals = {k: sum(c[k] for c in full) for k in (full[0] if full else ())}
     faster = "triton" in totals and totals["triton"] < totals["pallas"] * (1 - NOISE)
-    return full, "triton" if faster else "pallas"
+    return full, "triton" if faster else "pallas", totals
 
 
 def _xla_path_faster(full: list[dict], kernel: str) -> bool | None:
@@ -123,22 +124,21 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
     choices: dict = {}
     for key, cases in sorted(times.items()):
         op, dtype, rows = key
-        full, kernel = _compared(cases)
+        full, kernel, totals = _compared(cases)
         if not full:
             continue
-        totals = {k: round(sum(c[k] for c in full), 1) for k in full[0]}
         entry = {"backend": kernel, "cases": len(full)}
         if op == "set" and not all(c[kernel] <= c["xla"] for c in full):
             verdict, source = _xla_path_faster(full, kernel), "this run"
             for label, other in earlier.items():
                 if verdict is None and key in other:
-                    other_full, other_kernel = _compared(other[key])
+                    other_full, other_kernel, _ = _compared(other[key])
                     verdict, source = _xla_path_faster(other_full, other_kernel), label
             if verdict:
                 entry["backend"] = "xla"
             entry["xla_path"] = "unmeasured" if verdict is None else (
                 f"{'faster' if verdict else 'not faster'} than the kernel ({source})")
-        entry.update({f"{k}_us": v for k, v in totals.items()})
+        entry.update({f"{k}_us": round(v, 1) for k, v in totals.items()})
         choices.setdefault(op, {}).setdefault(dtype, {})[str(rows)] = entry
     return classes, choices
 
