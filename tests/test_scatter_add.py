@@ -90,6 +90,12 @@ def test_add_one_launch_and_unfused_paths(rng, backend, path, n, width):
     upd = exact_values(rng, (n, width), "float32")
     with tuning.override(**ADD_PATHS[path]):
         _run_add(backend, x0, idx, upd)
+        # The same path traced inside a jit, the buffer donated.
+        add = jax.jit(lambda x, i, u: scatter_add_to_host(x, i, u, backend=backend),
+                      donate_argnums=0)
+        out = add(put(x0), jnp.asarray(idx), jnp.asarray(upd))
+    assert out.sharding.memory_kind == "pinned_host", out.sharding
+    assert_same(read(out), scatter_add_oracle(x0, idx, upd))
 
 
 @pytest.mark.parametrize("backend", ["interpret", PALLAS])
