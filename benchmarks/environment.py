@@ -171,11 +171,35 @@ def environment(repo: Path = REPO) -> dict[str, Any]:
         "device_kind": device.device_kind,
         "git": git_revision(repo),
         "thresholds": dataclasses.asdict(tuning.current()),
+        # Process-wide XLA options change what a step costs (command buffers: see
+        # COMMAND_BUFFERS); a run's own per-compile options are in its "compiler_options".
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     for package in ("triton", "jax-triton", "torch"):
         info[package.replace("-", "_")] = installed_version(package)
     info.update(nvidia_smi_info())
     return info
+
+
+def parse_xla_option(text: str) -> tuple[str, Any]:
+    """``"name=value"`` -> ``(name, value)``, the value an int or a bool where it reads as one.
+
+    For ``compiler_options`` of ``Lowered.compile``: XLA's debug options by name, without
+    the leading dashes of ``XLA_FLAGS``.
+    """
+    import argparse
+
+    name, sep, value = text.partition("=")
+    name = name.strip().lstrip("-")
+    if not sep or not name.startswith("xla_"):
+        raise argparse.ArgumentTypeError(f"expected xla_<name>=<value>, got {text!r}")
+    value = value.strip()
+    if value.lower() in ("true", "false"):
+        return name, value.lower() == "true"
+    try:
+        return name, int(value)
+    except ValueError:
+        return name, value
 
 
 def installed_version(package: str) -> str | None:

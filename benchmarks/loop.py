@@ -146,7 +146,7 @@ def run_case(args, buf: PinnedBuffer, case: LoopCase, started: float, progress) 
         for p, b in todo
     }
     try:
-        compiled = compile_all(lowerings)
+        compiled = compile_all(lowerings, args.compiler_options)
         records += check_then_time(
             buf, todo,
             lambda p, b: check_pair(args, buf, data, p, b, compiled[(p.name, b)]),
@@ -264,7 +264,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--check-others", type=int, default=1024, help="random other rows checked")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--xla-option", type=environment.parse_xla_option, action="append",
+                   default=[], metavar="NAME=VALUE",
+                   help="an XLA option for every compiled scan, XLA's and ours alike (e.g. "
+                   "xla_gpu_graph_min_graph_size=1: the step's kernels as one CUDA graph, as "
+                   "a real step's are); repeatable")
     args = p.parse_args(argv)
+    args.compiler_options = dict(args.xla_option)
     if args.cpu:
         jax.config.update("jax_platforms", "cpu")
     with_defaults(args, gpu=not args.cpu and environment.has_gpu())
@@ -311,6 +317,7 @@ def main(argv=None) -> int:
             "kernel_count_rule": hlo.COUNTING_RULE,
             "pcie_bytes_per_s": loop_floor.PCIE_BYTES_PER_S,
             "kernel_floor": loop_floor.FLOOR_RULE,
+            "compiler_options": args.compiler_options,
             **environment.environment()}
     buf, started, records = PinnedBuffer(args.seed), time.monotonic(), []
     patterns = planned_patterns(args)

@@ -324,7 +324,7 @@ def run_pattern_case(args, buf: PinnedBuffer, case: PatternCase, over_budget: bo
         lambda p, b: scan_fn(case, p, b, args.steps).lower(buf.x, *inputs), *key)
         for key in todo}
     try:
-        compiled = compile_all(lowerings)
+        compiled = compile_all(lowerings, getattr(args, "compiler_options", None))
         records += check_then_time(
             buf, todo, lambda p, b: _check(args, buf, data, p, b, compiled[(p, b)], rounds),
             rounds, progress, case.name)

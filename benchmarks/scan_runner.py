@@ -54,8 +54,11 @@ class PinnedBuffer:
             self.ensure(dtype, shape)
 
 
-def compile_all(lowerings: dict) -> dict:
+def compile_all(lowerings: dict, compiler_options: dict | None = None) -> dict:
     """``{key: (compiled or the exception, compile seconds)}`` of ``{key: lower()}``.
+
+    ``compiler_options`` (XLA's options by name, ``--xla-option``) go to every
+    program of the case alike, XLA's own and ours.
 
     Compilation dominates a case's cost, and XLA compiles in C++ without the
     GIL, so the programs of a case are lowered one by one (tracing is Python)
@@ -73,7 +76,7 @@ def compile_all(lowerings: dict) -> dict:
             return item, 0.0
         t0 = time.perf_counter()
         try:
-            return item.compile(), time.perf_counter() - t0
+            return item.compile(compiler_options or None), time.perf_counter() - t0
         except Exception as err:  # noqa: BLE001 - recorded by check_scan as the pair's error
             return err, time.perf_counter() - t0
 

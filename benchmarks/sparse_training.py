@@ -141,7 +141,7 @@ def run_provider(name: str, table: jax.Array, ids, targets, args, reference) -> 
     fn = JITTED.get(name) or step_fns(args.lr)[name]
     try:
         t0 = time.perf_counter()
-        compiled = fn.lower(table, ids, targets).compile()
+        compiled = fn.lower(table, ids, targets).compile(args.compiler_options or None)
         record["compile_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         table = jax.block_until_ready(compiled(table, ids, targets))
@@ -196,7 +196,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a provider whose scan is slower is timed once")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=environment.REPO / "benchmarks" / "results")
+    p.add_argument("--xla-option", type=environment.parse_xla_option, action="append",
+                   default=[], metavar="NAME=VALUE",
+                   help="an XLA option for every provider's compiled scan (e.g. "
+                   "xla_gpu_graph_min_graph_size=1); repeatable")
     args = p.parse_args(argv)
+    args.compiler_options = dict(args.xla_option)
     if args.cpu:
         jax.config.update("jax_platforms", "cpu")
     args.gpu = not args.cpu and environment.has_gpu()
@@ -256,6 +261,7 @@ def main(argv=None) -> int:
             "dim": args.dim, "batch": args.batch, "steps": args.steps, "repeats": args.repeats,
             "warmup": args.warmup, "zipf_s": args.zipf_s, "lr": args.lr, "seed": args.seed,
             "tolerance": args.tolerance, "table_bytes": args.rows * row_bytes,
+            "compiler_options": args.compiler_options,
             "distinct_ids_per_step": {"mean": float(distinct.mean()), "min": int(distinct.min()),
                                       "max": int(distinct.max())},
             "pcie_gbps": args.pcie_gbps, "pcie_floor_us_per_step": floor_us,

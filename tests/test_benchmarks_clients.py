@@ -63,7 +63,8 @@ def test_tune_runs_every_study_and_checks_it(tmp_path):
 @pytest.fixture(scope="module")
 def sparse_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("sparse")
-    done = run_cli(["benchmarks.sparse_training", "--quick", "--cpu", "--out", str(out)])
+    done = run_cli(["benchmarks.sparse_training", "--quick", "--cpu", "--out", str(out),
+                    "--xla-option", "xla_gpu_graph_min_graph_size=1"])
     assert done.returncode == 0, explain(done)
     return json.loads((out / "sparse_training.json").read_text()), done.stdout
 
@@ -84,6 +85,12 @@ def test_sparse_training_checks_ours_and_xla_against_the_device_table(sparse_run
     for line in ("ours / device table", "ours / xla", "ours / PCIe floor",
                  "distinct ids per step"):
         assert line in stdout, stdout
+
+
+def test_sparse_training_records_the_xla_options_it_compiled_with(sparse_run):
+    meta = sparse_run[0]["meta"]
+    assert meta["compiler_options"] == {"xla_gpu_graph_min_graph_size": 1}
+    assert "xla_flags" in meta
 
 
 def test_sparse_training_floor_and_distinct_ids_come_from_the_data(sparse_run):

@@ -11,6 +11,7 @@ providers interleaved. The grid's interleaved timing, the measured floor
 in ``test_benchmarks_loop_grid.py``.
 """
 
+import argparse
 import json
 from pathlib import Path
 
@@ -20,7 +21,14 @@ import pytest
 
 import pallas_pinned
 import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
-from benchmarks import choose_backends, loop, loop_floor, loop_patterns, scan_runner
+from benchmarks import (
+    choose_backends,
+    environment,
+    loop,
+    loop_floor,
+    loop_patterns,
+    scan_runner,
+)
 from benchmarks.loop_steps import PROVIDER_NAMES
 from pallas_pinned import testing
 from tests.benchmark_helpers import explain, run_cli
@@ -79,7 +87,8 @@ def loop_run(tmp_path_factory):
     patterns = "none" if _index_grammar_missing() else ",".join(loop_patterns.PATTERN_OPS)
     argv = ["--cpu", "--out", str(out), "--steps", "6", "--runs", "2",
             "--rows", str(GRID_CASE.rows), "--row-bytes", str(GRID_CASE.row_bytes),
-            "--patterns", patterns, "--backends", "pallas"]
+            "--patterns", patterns, "--backends", "pallas",
+            "--xla-option", "xla_gpu_graph_min_graph_size=1"]
     done = run_cli([], code=_LOOP.format(argv=argv))
     assert done.returncode == 1, explain(done)  # the broken providers fail the run
     return out, done.stdout
@@ -122,6 +131,36 @@ def test_loop_records_are_checked_and_consistent(loop_run):
         assert r["op_cost_us"] == pytest.approx(r["us_per_step"] - base["us_per_step"])
     meta = _loop(out)["meta"]
     assert meta["jax"] and meta["jaxlib"] and meta["date_utc"] and meta["steps"] == 6
+
+
+def test_loop_compiles_every_scan_with_the_xla_options_it_records(loop_run, monkeypatch):
+    out, _ = loop_run
+    assert _loop(out)["meta"]["compiler_options"] == {"xla_gpu_graph_min_graph_size": 1}
+    # ... and hands them to every compile, XLA's programs and ours alike.
+    seen = []
+
+    class Lowered:
+        def compile(self, options=None):
+            seen.append(options)
+            return "compiled"
+
+    compiled = scan_runner.compile_all({"a": Lowered, "b": Lowered}, {"xla_x": 1})
+    assert {v[0] for v in compiled.values()} == {"compiled"} and seen == [{"xla_x": 1}] * 2
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("xla_gpu_graph_min_graph_size=1", ("xla_gpu_graph_min_graph_size", 1)),
+    ("--xla_gpu_enable_command_buffer=FUSION", ("xla_gpu_enable_command_buffer", "FUSION")),
+    ("xla_gpu_autotune_level=true", ("xla_gpu_autotune_level", True)),
+])
+def test_an_xla_option_parses_to_its_name_and_typed_value(text, expected):
+    assert environment.parse_xla_option(text) == expected
+
+
+@pytest.mark.parametrize("text", ["graph=1", "xla_gpu_graph_min_graph_size"])
+def test_an_xla_option_without_a_name_or_value_is_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="xla_<name>=<value>"):
+        environment.parse_xla_option(text)
 
 
 def test_loop_prints_the_table_and_a_plot(loop_run):
