@@ -1,6 +1,15 @@
 """Writes the table ``backend="auto"`` picks its implementation from, out of a loop run.
 
-    python -m benchmarks.choose_backends [benchmarks/results/loop_h200.json]
+    python -m benchmarks.choose_backends [benchmarks/results/loop_quick_graphs_h200.json]
+
+The source is a loop run whose steps ran as CUDA graphs (``python -m benchmarks.loop
+--backends pallas,triton --xla-option xla_gpu_graph_min_graph_size=1``): XLA graphs a
+run of 5 or more kernels (its default ``xla_gpu_graph_min_graph_size``), which every
+real training or decode step has, but the loop's toy steps have 3 to 6 kernels, so at
+XLA's defaults each of their kernels is launched alone and the launch decides. The
+choices differ: on the H200 (2026-12-03 17:46 and 17:48 UTC) raw Triton's set of
+64 x 1 KiB took 12.1 us against Pallas's 24.2 with launches alone, and 12.3 against
+8.5 in graphs (jax-triton's custom call does not join the graph; Pallas's does).
 
 For each op (set, add, gather), dtype and size class (the run's row counts:
 a call of ``n`` entries falls in the smallest measured count ``>= n``), the
@@ -47,7 +56,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "pallas_pinned" / "backend_table.json"
-DEFAULT_SOURCE = REPO / "benchmarks" / "results" / "loop_h200.json"
+DEFAULT_SOURCE = REPO / "benchmarks" / "results" / "loop_quick_graphs_h200.json"
 # The last run in which auto ran XLA's own set path (with our de-duplication) in
 # the small classes (2026-12-03 15:18 UTC): where a newer run lacks that
 # measurement, this one judges it.
@@ -163,7 +172,7 @@ def main(argv=None) -> int:
         "source": str(source.relative_to(REPO) if source.is_relative_to(REPO) else source),
         "xla_path_from": sorted(earlier),
         "measured": {k: meta.get(k) for k in ("date_utc", "gpu_name", "jax", "triton",
-                                             "jax_triton")},
+                                             "jax_triton", "compiler_options")},
         "rule": (
             f"per size class: the kernel (triton only where faster than pallas by more than "
             f"{NOISE:.0%}); for set, where the kernel is slower than XLA in any case, xla "

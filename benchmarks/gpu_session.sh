@@ -2,16 +2,20 @@
 # One batched GPU session: install, GPU tests, benchmarks, notebooks; logs to $OUT.
 # Usage (on the H200, from the repository root, so that `python3 -m benchmarks.*` resolves):
 #   bash benchmarks/gpu_session.sh "tests loop sparse"      # or "tests quick full notebooks"
-# Stages: tests quick full demo gatheradd loop sparse tune notebooks
+# Stages: tests quick full demo gatheradd loop loopgraphs sparse tune notebooks
 # Rough times (each stage's timeout in brackets): tests <= 5.5 min [330 s], quick ~2 [420 s],
 # full ~6 [420 s], demo < 1 [200 s], gatheradd ~1 [200 s], loop ~5 [420 s],
-# sparse ~1 [240 s], tune ~3 [360 s], notebooks ~2 [200 s each]. The sum of the timeouts of
-# "tests loop sparse" is 16.5 min; of every stage ~51 min (more than one 30-minute lease).
+# loopgraphs ~3 [420 s], sparse ~1 [240 s], tune ~3 [360 s], notebooks ~2 [200 s each]. The
+# sum of the timeouts of "tests loop sparse" is 16.5 min; of every stage ~58 min (more than
+# one 30-minute lease).
 # Where one command may run 10 min at most, split the stages over calls whose timeouts fit:
-#   "tests sparse" (9.5 min), "loop" (7), "full" (7), "quick" (7), "gatheradd demo" (6.7),
+#   "tests sparse" (9.5 min), "loop" (7), "loopgraphs" (7), "full" (7), "quick" (7),
+#   "gatheradd demo" (6.7),
 #   "tune" (6), "notebooks" (10).
-# LOOP_ARGS (default "--backends pallas,triton": the rows benchmarks.choose_backends reads,
-# gather included) is passed to the loop stage; SPARSE_ARGS to the sparse stage.
+# LOOP_ARGS (default "--backends pallas,triton", gather included) is passed to the loop stage
+# and to loopgraphs, which also gives every scan xla_gpu_graph_min_graph_size=1 (the step's
+# kernels as one CUDA graph, as a real step's are: the run benchmarks.choose_backends
+# reads); SPARSE_ARGS to the sparse stage.
 # jax-triton is carried as a wheel in .whl/ (the machine has no registry).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -61,6 +65,14 @@ for stage in $stages; do
         > "$OUT/bench_loop.log" 2>&1; echo "loop rc=$?"
       tail -45 "$OUT/bench_loop.log"
       tar czf "$OUT/bench_loop.tgz" -C /tmp/bench_loop . ;;
+    loopgraphs)
+      loop_args=${LOOP_ARGS-"--backends pallas,triton"}
+      log "bench loop, command buffers, $loop_args"
+      timeout 420 python3 -m benchmarks.loop $loop_args \
+        --xla-option xla_gpu_graph_min_graph_size=1 --out /tmp/bench_loop_graphs \
+        > "$OUT/bench_loop_graphs.log" 2>&1; echo "loopgraphs rc=$?"
+      tail -45 "$OUT/bench_loop_graphs.log"
+      tar czf "$OUT/bench_loop_graphs.tgz" -C /tmp/bench_loop_graphs . ;;
     sparse)
       log "bench sparse training ${SPARSE_ARGS:-}"
       timeout 240 python3 -m benchmarks.sparse_training ${SPARSE_ARGS:-} --out "$OUT" \
