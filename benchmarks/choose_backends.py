@@ -7,9 +7,9 @@ The source is a loop run whose steps ran as CUDA graphs (``python -m benchmarks.
 run of 5 or more kernels (its default ``xla_gpu_graph_min_graph_size``), which every
 real training or decode step has, but the loop's toy steps have 3 to 6 kernels, so at
 XLA's defaults each of their kernels is launched alone and the launch decides. The
-choices differ: on the H200 (2026-12-03 17:46 and 17:48 UTC) raw Triton's set of
-64 x 1 KiB took 12.1 us against Pallas's 24.2 with launches alone, and 12.3 against
-8.5 in graphs (jax-triton's custom call does not join the graph; Pallas's does).
+choices differ: on the H200 (2026-12-03 17:58 and 17:56 UTC) raw Triton's set of
+64 x 1 KiB took 11.3 us against Pallas's 21.8 with launches alone, and 11.0 against
+8.1 in graphs (jax-triton's custom call does not join the graph; Pallas's does).
 
 For each op (set, add, gather), dtype and size class (the run's row counts:
 a call of ``n`` entries falls in the smallest measured count ``>= n``), the
@@ -39,7 +39,7 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
   step at 5 x 4 B, 404.1 against 304.7 at 16384 x 256 B), and in the
   sparse-training client (Zipf ids, each step reading what the last one
   added) XLA's own path took 699.3 us per step against our 70.5
-  (benchmarks/results/sparse_training_h200.json, 16:52 UTC). XLA's gather
+  (benchmarks/results/sparse_training_h200_1652.json, 16:52 UTC). XLA's gather
   lost in every loop case.
 
 The table, with where it came from, goes to ``pallas_pinned/backend_table.json``,

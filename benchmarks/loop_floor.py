@@ -16,9 +16,9 @@ bound what any in-stream kernel write can cost per step:
 ``kernel_floor_us`` = the floor_launch step time + ``pcie_us``: the launch and
 the transfer counted one after the other, so a floor only where the transfer
 is negligible; larger writes overlap the two and come in under it (H200,
-2026-12-03 16:50 UTC: a set of 1024 x 1 KiB took 29.1 us against 38.9). Each
-grid record of a case gets the three (None where the
-case has no timed floor_launch; ``pcie_us`` and ``kernel_floor_us`` None
+2026-12-03 16:50 UTC, results/loop_quick_h200_1650.json: a set of 1024 x 1 KiB took 29.1 us
+against 38.9). Each grid record of a case gets the three (None where the case has no timed
+floor_launch; ``pcie_us`` and ``kernel_floor_us`` None
 for a step that moves no rows).
 """
 

@@ -225,9 +225,9 @@ def _auto_kernel(op: str, dtype, num_entries: int) -> str | None:
         # wins), and its cost does not grow with duplicate indices. Its add
         # waits for the CPU when a later step reads the rows: XLA's own path took
         # 699.3 us per step against our kernels' 70.5 in the sparse-training client
-        # (Zipf ids; benchmarks/results/sparse_training_h200.json, 2026-12-03 16:52
+        # (Zipf ids; benchmarks/results/sparse_training_h200_1652.json, 2026-12-03 16:52
         # UTC), and 1.33-1.98x our time in the loop's add-then-read rows
-        # (benchmarks/results/loop_quick_h200.json, 16:50 UTC).
+        # (benchmarks/results/loop_quick_h200_1650.json, 16:50 UTC).
         return "xla_native"
     if not pallas_triton_usable():
         return _without_pallas_triton()

@@ -96,7 +96,7 @@ class Thresholds:
     # XLA's copy at 1024 x 1 KiB and 16384 x 256 B too (29.9 vs 29.6, 91.7 vs
     # 94.6). With this switch (15:18, benchmarks/results/loop_quick_h200_1518.json):
     # 64 rows 14.5 against XLA's 15.7, 1024 rows 27.6 against 36.2; 16:50
-    # (loop_quick_h200.json): 13.6 against 13.4, 26.6 against 35.5. Sizes
+    # (loop_quick_h200_1650.json): 13.6 against 13.4, 26.6 against 35.5. Sizes
     # between 64 and 1024 rows are unmeasured.
     block_rows_from: int = 1024
     # False turns the locality sort off altogether (rows with duplicates are
