@@ -171,8 +171,9 @@ def environment(repo: Path = REPO) -> dict[str, Any]:
         "device_kind": device.device_kind,
         "git": git_revision(repo),
         "thresholds": dataclasses.asdict(tuning.current()),
-        # Process-wide XLA options change what a step costs (command buffers: see
-        # COMMAND_BUFFERS); a run's own per-compile options are in its "compiler_options".
+        # Process-wide XLA options change what a step costs (command buffers: the loop
+        # section of benchmarks/README.md); a run's per-compile options are its
+        # "compiler_options" (--xla-option).
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     for package in ("triton", "jax-triton", "torch"):

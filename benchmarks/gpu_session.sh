@@ -10,8 +10,7 @@
 # one 30-minute lease).
 # Where one command may run 10 min at most, split the stages over calls whose timeouts fit:
 #   "tests sparse" (9.5 min), "loop" (7), "loopgraphs" (7), "full" (7), "quick" (7),
-#   "gatheradd demo" (6.7),
-#   "tune" (6), "notebooks" (10).
+#   "gatheradd demo" (6.7), "tune" (6), "notebooks" (10).
 # LOOP_ARGS (default "--backends pallas,triton", gather included) is passed to the loop stage
 # and to loopgraphs, which also gives every scan xla_gpu_graph_min_graph_size=1 (the step's
 # kernels as one CUDA graph, as a real step's are: the run benchmarks.choose_backends
