@@ -9,7 +9,8 @@ real training or decode step has, but the loop's toy steps have 3 to 6 kernels, 
 XLA's defaults each of their kernels is launched alone and the launch decides. The
 choices differ: on the H200 (2026-12-03 17:58 and 17:56 UTC) raw Triton's set of
 64 x 1 KiB took 11.3 us against Pallas's 21.8 with launches alone, and 11.0 against
-8.1 in graphs (jax-triton's custom call does not join the graph; Pallas's does).
+8.1 in graphs (graphed, an empty Pallas launch costs about nothing; raw Triton fell
+behind Pallas in 55 of the run's 56 kernel pairs).
 
 For each op (set, add, gather), dtype and size class (the run's row counts:
 a call of ``n`` entries falls in the smallest measured count ``>= n``), the
