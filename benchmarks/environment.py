@@ -182,6 +182,28 @@ def environment(repo: Path = REPO) -> dict[str, Any]:
     return info
 
 
+def add_xla_option(parser) -> None:
+    """``--xla-option NAME=VALUE`` (repeatable) on ``parser``: ``args.compiler_options``, a dict.
+
+    The options go to every compile of the run, XLA's programs and ours alike
+    (``Lowered.compile(compiler_options)``), and the results record them. The one
+    that matters here is ``xla_gpu_graph_min_graph_size=1``: the step's kernels run
+    as one CUDA graph, as a real step's are (``benchmarks/README.md``, loop).
+    """
+    import argparse
+
+    class _Collect(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            name, value = values
+            setattr(namespace, self.dest, {**getattr(namespace, self.dest), name: value})
+
+    parser.add_argument("--xla-option", dest="compiler_options", type=parse_xla_option,
+                        action=_Collect, default={}, metavar="NAME=VALUE",
+                        help="an XLA option for every compiled program, XLA's and ours alike "
+                        "(e.g. xla_gpu_graph_min_graph_size=1: the step's kernels as one CUDA "
+                        "graph, as a real step's are); repeatable")
+
+
 def parse_xla_option(text: str) -> tuple[str, Any]:
     """``"name=value"`` -> ``(name, value)``, the value an int or a bool where it reads as one.
 

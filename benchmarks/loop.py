@@ -264,13 +264,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--check-others", type=int, default=1024, help="random other rows checked")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--xla-option", type=environment.parse_xla_option, action="append",
-                   default=[], metavar="NAME=VALUE",
-                   help="an XLA option for every compiled scan, XLA's and ours alike (e.g. "
-                   "xla_gpu_graph_min_graph_size=1: the step's kernels as one CUDA graph, as "
-                   "a real step's are); repeatable")
+    environment.add_xla_option(p)
     args = p.parse_args(argv)
-    args.compiler_options = dict(args.xla_option)
     if args.cpu:
         jax.config.update("jax_platforms", "cpu")
     with_defaults(args, gpu=not args.cpu and environment.has_gpu())

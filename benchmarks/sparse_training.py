@@ -196,12 +196,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a provider whose scan is slower is timed once")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=environment.REPO / "benchmarks" / "results")
-    p.add_argument("--xla-option", type=environment.parse_xla_option, action="append",
-                   default=[], metavar="NAME=VALUE",
-                   help="an XLA option for every provider's compiled scan (e.g. "
-                   "xla_gpu_graph_min_graph_size=1); repeatable")
+    environment.add_xla_option(p)
     args = p.parse_args(argv)
-    args.compiler_options = dict(args.xla_option)
     if args.cpu:
         jax.config.update("jax_platforms", "cpu")
     args.gpu = not args.cpu and environment.has_gpu()
