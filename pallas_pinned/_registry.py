@@ -194,10 +194,34 @@ def check_available(x: Any, backend: str) -> None:
         )
 
 
+# Names a table to use instead of the shipped one: one that ``python -m
+# benchmarks.choose_backends --out FILE`` wrote from a loop run on your own machine.
+TABLE_ENV = "PALLAS_PINNED_BACKEND_TABLE"
+
+
 @functools.cache
 def _table() -> dict:
-    text = resources.files("pallas_pinned").joinpath("backend_table.json").read_text()
-    return json.loads(text)
+    """The table ``auto`` follows: ``$PALLAS_PINNED_BACKEND_TABLE``, else the shipped one.
+
+    Read once per process, on the first ``auto`` call that consults it.
+    """
+    path = os.environ.get(TABLE_ENV)
+    if not path:
+        text = resources.files("pallas_pinned").joinpath("backend_table.json").read_text()
+        return json.loads(text)
+    try:
+        table = json.loads(open(path, encoding="utf-8").read())
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"${TABLE_ENV}={path!r} is not a readable backend table ({err}); write one with "
+            f"python -m benchmarks.choose_backends --out FILE, or unset {TABLE_ENV}"
+        ) from err
+    if not isinstance(table, dict) or not isinstance(table.get("choices"), dict):
+        raise ValueError(
+            f"${TABLE_ENV}={path!r} has no 'choices': not a table written by "
+            "python -m benchmarks.choose_backends"
+        )
+    return table
 
 
 def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None) -> str:

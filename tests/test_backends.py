@@ -191,6 +191,33 @@ def test_auto_follows_a_table_that_says_triton(monkeypatch):
     assert _registry.choose("set", "rows", x, 4, "auto") == "pallas"
 
 
+def test_auto_follows_the_table_the_environment_names(monkeypatch, tmp_path):
+    # $PALLAS_PINNED_BACKEND_TABLE: a table written by choose_backends from a run on
+    # the user's own machine replaces the shipped one; a file that is not one is
+    # refused naming the variable and the fix.
+    table = {"size_classes": [64], "choices": {"set": {"float32": {"64": {"backend": "xla"}}}}}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(_registry.TABLE_ENV, str(path))
+    _registry._table.cache_clear()
+    try:
+        assert _registry.measured_choice("set", "float32", 5) == "xla"
+        assert _registry.measured_choice("add", "float32", 5) == "pallas"  # Says nothing.
+        for text in ("{not json", '{"rows": []}'):
+            path.write_text(text)
+            _registry._table.cache_clear()
+            with pytest.raises(ValueError, match="PALLAS_PINNED_BACKEND_TABLE.*choose_backends"):
+                _registry.measured_choice("set", "float32", 5)
+        monkeypatch.setenv(_registry.TABLE_ENV, str(tmp_path / "missing.json"))
+        _registry._table.cache_clear()
+        with pytest.raises(ValueError, match="not a readable backend table"):
+            _registry.measured_choice("set", "float32", 5)
+    finally:
+        monkeypatch.delenv(_registry.TABLE_ENV)
+        _registry._table.cache_clear()
+    assert _registry._table()["source"].startswith("benchmarks/results/loop")
+
+
 # A child process in which Pallas's Triton backend cannot be imported at all
 # (upstream removed it): a meta-path finder refuses the module before jax
 # or the package is imported.
