@@ -177,11 +177,12 @@ class Tile(NamedTuple):
     row_ok: Any  # entry_ok and, with check_bounds, the row is in the buffer
     mask: Any  # (block_rows, block_cols) row_ok crossed with real columns
     entry_mask: Any  # (block_rows, block_cols) entry_ok crossed with real columns
+    first: Any  # this program's first entry number
 
 
 def tile_lanes(rows_ref, order_ref, grid: RowGrid, *, check_bounds: bool) -> Tile:
     """Loads this program's rows and permutation entries and builds its masks."""
-    _, k, cols, k_ok = program_entries(grid)
+    first, k, cols, k_ok = program_entries(grid)
     rows = plgpu.load(rows_ref.at[k], mask=k_ok, other=-1)
     order = k if order_ref is None else plgpu.load(order_ref.at[k], mask=k_ok, other=0)
     row_ok = k_ok
@@ -190,7 +191,8 @@ def tile_lanes(rows_ref, order_ref, grid: RowGrid, *, check_bounds: bool) -> Til
         if grid.num_rows <= jnp.iinfo(rows.dtype).max:
             row_ok = row_ok & (rows < grid.num_rows)
     cols_ok = (cols < grid.row_width)[None, :]
-    return Tile(rows, order, cols, k_ok, row_ok, row_ok[:, None] & cols_ok, k_ok[:, None] & cols_ok)
+    return Tile(rows, order, cols, k_ok, row_ok, row_ok[:, None] & cols_ok,
+                k_ok[:, None] & cols_ok, first)
 
 
 def dest_rows(rows, row_ok, num_rows: int):

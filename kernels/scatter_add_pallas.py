@@ -35,7 +35,6 @@ from .pallas_common import (
     matching_entries,
     next_pow2,
     one_launch_tiling,
-    program_entries,
     raw_entries,
     tile_lanes,
 )
@@ -248,7 +247,9 @@ def scatter_add_sorted_runs_kernel(
     """Adds the runs that start in one tile of sorted rows; each run's first entry owns its row."""
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
     num_entries, num_rows = grid.num_entries, grid.num_rows
-    first, k, cols, k_ok = program_entries(grid)
+    # Bounds checked: the skip markers of the order lie outside the buffer.
+    tile = tile_lanes(rows_ref, None, grid, check_bounds=True)
+    first, k, rows, cols = tile.first, tile.order, tile.rows, tile.cols
     cols_ok = (cols < grid.row_width)[None, :]
     zero = jnp.zeros((), acc_dtype)
 
@@ -261,12 +262,8 @@ def scatter_add_sorted_runs_kernel(
             updates_ref.at[src[:, None], cols[None, :]], mask=ok[:, None] & cols_ok, other=0
         ).astype(acc_dtype)
 
-    rows = rows_at(k, k_ok)
-    before = jnp.where(k > 0, rows_at(jnp.maximum(k - 1, 0), k_ok & (k > 0)), -1)
-    in_buffer = rows >= 0
-    if num_rows <= jnp.iinfo(rows.dtype).max:  # Else the skip marker is -1.
-        in_buffer = in_buffer & (rows < num_rows)
-    owner = k_ok & in_buffer & (rows != before)
+    before = jnp.where(k > 0, rows_at(jnp.maximum(k - 1, 0), tile.entry_ok & (k > 0)), -1)
+    owner = tile.row_ok & (rows != before)
 
     # This block's own entries: each owner sums the entries of its run here.
     total = jnp.zeros((grid.block_rows, grid.block_cols), acc_dtype)
@@ -281,7 +278,7 @@ def scatter_add_sorted_runs_kernel(
         total = total + jnp.sum(picked, axis=1, dtype=acc_dtype)
 
     # The last run of the block, if it starts here, may go on past it.
-    last_row = jnp.max(jnp.where(k_ok, rows, -1))
+    last_row = jnp.max(jnp.where(tile.entry_ok, rows, -1))
     tail_owner = owner & (rows == last_row)
     after = first + grid.block_rows + jnp.arange(1)
     continues = jnp.max(rows_at(after, after < num_entries)) == last_row
