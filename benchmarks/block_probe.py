@@ -1,6 +1,7 @@
 """Contiguous blocks in a loop: the block copy against kernel rows and XLA's own copy.
 
-    python -m benchmarks.block_probe [--quick] [--out DIR]
+    python -m benchmarks.block_probe [--quick] [--rows 64,256,1024] [--row-bytes 1024]
+        [--xla-option NAME=VALUE] [--out DIR]
 
 Per step of a donated ``lax.scan`` over a pinned_host buffer, a block of
 ``n`` rows is written at a moving position (or read from one). Variants, in
@@ -64,7 +65,7 @@ import numpy as np
 from jax import lax
 
 import pallas_pinned as pp
-from benchmarks import hlo
+from benchmarks import environment, hlo
 from pallas_pinned import tuning
 from pallas_pinned.testing import time_calls
 
@@ -109,7 +110,7 @@ def _host(a):
                                                                memory_kind="pinned_host"))
 
 
-def run_case(num_rows, n, width, steps, repeats):
+def run_case(num_rows, n, width, steps, repeats, compiler_options=None):
     rng = np.random.default_rng(0)
     positions = jnp.asarray(rng.integers(0, num_rows - n, steps).astype(np.int32))
     ys = jnp.asarray(rng.standard_normal((steps, n, width)).astype(np.float32))
@@ -120,7 +121,7 @@ def run_case(num_rows, n, width, steps, repeats):
             return lax.scan(lambda x, a: (write(x, *a), None), x, (positions, ys))[0]
 
         with tuning.override(block_copy=block_copy):
-            step = jax.jit(loop, donate_argnums=0).lower(_host(x0)).compile()
+            step = jax.jit(loop, donate_argnums=0).lower(_host(x0)).compile(compiler_options)
             x, seconds = time_calls(step, _host(x0), repeats=repeats, warmup=1)
         step_ops[name] = hlo.kernels_per_step(step.as_text(), steps).ops
         finals[name] = np.asarray(x)  # Host memory already: no device round trip.
@@ -135,7 +136,7 @@ def run_case(num_rows, n, width, steps, repeats):
             return lax.scan(lambda c, p: (c + read(x, p).sum(), None), 0.0, positions)[0]
 
         with tuning.override(block_copy=block_copy):
-            step = jax.jit(loop)
+            step = jax.jit(loop).lower(x).compile(compiler_options)
             out, seconds = time_calls(lambda s, x, f=step: f(x), None, x, repeats=repeats)
         outs[name] = float(out)
         results[name] = [s / steps * 1e6 for s in seconds]
@@ -147,7 +148,10 @@ def run_case(num_rows, n, width, steps, repeats):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke test)")
+    parser.add_argument("--rows", default=None, help="block sizes, e.g. 64,256,1024")
+    parser.add_argument("--row-bytes", type=int, default=1024, help="with --rows")
     parser.add_argument("--out", default=None)
+    environment.add_xla_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         cases, steps, repeats, buffer_bytes = [(16, 64)], 4, 2, 1 << 20
@@ -155,12 +159,14 @@ def main(argv=None):
         cases, steps, repeats, buffer_bytes = (
             [(64, 256), (1024, 256), (16384, 64)], 100, 5, 1 << 30
         )
+    if args.rows:
+        cases = [(int(n), args.row_bytes // 4) for n in args.rows.split(",")]
     records = []
     print(f"{'rows x bytes':>14} " + " ".join(f"{k:>13}" for k in
           list(_writers(1)) + list(_readers(1))) + "   (us per step, median)")
     for n, width in cases:
         num_rows = buffer_bytes // (width * 4)
-        res, step_ops = run_case(num_rows, n, width, steps, repeats)
+        res, step_ops = run_case(num_rows, n, width, steps, repeats, args.compiler_options)
         med = {k: statistics.median(v) for k, v in res.items()}
         same = step_ops["ours_promise"] == step_ops["xla_dus"]
         records.append({"n": n, "row_bytes": width * 4, "us": res, "median_us": med,
@@ -171,7 +177,8 @@ def main(argv=None):
         print(f"    ours_promise's compiled step launches what xla_dus's does: {same} "
               f"({step_ops['ours_promise']} / {step_ops['xla_dus']})")
     meta = {"jax": jax.__version__, "device": str(jax.devices()[0]), "steps": steps,
-            "repeats": repeats, "buffer_bytes": buffer_bytes}
+            "repeats": repeats, "buffer_bytes": buffer_bytes,
+            "compiler_options": args.compiler_options}
     if args.out:
         out = pathlib.Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
