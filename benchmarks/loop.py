@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,6 +45,7 @@ from benchmarks import cases, checks, environment, hlo, loop_floor, loop_pattern
 from benchmarks.loop_steps import (
     PROVIDER_NAMES,
     PROVIDERS,
+    READS_BACK,
     LoopData,
     LoopProvider,
     buffer_shape,
@@ -62,6 +64,7 @@ from benchmarks.scan_runner import (
     fill_op_costs,
     split_runnable,
 )
+from pallas_pinned._registry import TABLE_ENV
 from pallas_pinned.testing import (
     LOOP_CASES,
     LOOP_CPU_CASES,
@@ -92,11 +95,12 @@ def check_pair(args, buf: PinnedBuffer, data: LoopData, provider: LoopProvider, 
     record = base_record(data.case, provider, backend, args.steps, args.rounds)
     record["check"] = f"{data.sample.size} sampled rows match the numpy replay"
     table = data.sorted_dev if provider.sorted_rows else data.table_dev
-    reads_back = provider.op == "add_read"
-    # A read-after-write check needs the last step's rows before the run too: one read.
+    reads_back = provider.op in READS_BACK
+    # A read-back check reads the last step's rows before the run too (add_read's oracle).
     rows = np.concatenate([data.sample, data.table[-1]]) if reads_back else data.sample
     if reads_back:
-        record["check"] += "; so do the rows read after the last step's add"
+        record["check"] += ("; so do the rows read after the last step's "
+                            + provider.op.removesuffix("_read"))
 
     def judge(before, outputs):
         before, before_last = before[:data.sample.size], before[data.sample.size:]
@@ -106,7 +110,7 @@ def check_pair(args, buf: PinnedBuffer, data: LoopData, provider: LoopProvider, 
             x_rows = checks.read_rows(outputs[0], data.table[-1])
             mismatch = check_gathered(data, np.asarray(outputs[1]), x_rows)
         if mismatch is None and reads_back:
-            mismatch = check_read_back(data, before_last, np.asarray(outputs[1]))
+            mismatch = check_read_back(data, provider.op, before_last, np.asarray(outputs[1]))
         return mismatch
 
     scan = check_scan(args, buf, record, compiled_and_s, (table, data.base_dev),
@@ -217,11 +221,19 @@ def print_plan(args, grid: str, plan, dropped) -> None:
           f"buffer {report.format_bytes(args.buffer_bytes)}; rough GPU estimate "
           f"{cumulative[-1] if cumulative else 0:.0f} s; time budget "
           f"{args.time_budget_s or 'none'} s (about {fits} cases fit)", flush=True)
+    if backend_table() != "shipped":
+        print(f"  backend 'auto' follows ${TABLE_ENV}={backend_table()}, not the shipped table")
     for case, why in dropped:
         print(f"  not planned: {case.name}: {why}")
     if args.dry_run:
         for case, s in zip(plan, cumulative, strict=True):
             print(f"  {case.name:24} by ~{s:5.0f} s")
+
+
+def backend_table() -> str:
+    """The backend table ``auto`` follows: ``$PALLAS_PINNED_BACKEND_TABLE``'s path, else
+    "shipped" (as ``pallas_pinned._registry`` reads it)."""
+    return os.environ.get(TABLE_ENV) or "shipped"
 
 
 # ---------------------------------------------------------------------------
@@ -312,7 +324,7 @@ def main(argv=None) -> int:
             "kernel_count_rule": hlo.COUNTING_RULE,
             "pcie_bytes_per_s": loop_floor.PCIE_BYTES_PER_S,
             "kernel_floor": loop_floor.FLOOR_RULE,
-            "compiler_options": args.compiler_options,
+            "compiler_options": args.compiler_options, "backend_table": backend_table(),
             **environment.environment()}
     buf, started, records = PinnedBuffer(args.seed), time.monotonic(), []
     patterns = planned_patterns(args)

@@ -38,15 +38,16 @@ from pallas_pinned import _placement
 # pcie_us about 6 % smaller).
 PCIE_BYTES_PER_S = 52e9
 # Times the op's rows cross PCIe: a set writes each row, a gather reads it, an add
-# reads and then writes it (counted one after the other), add_read adds then reads.
-PCIE_PASSES = {"set": 1, "get": 1, "add": 2, "add_read": 3}
+# reads and then writes it (counted one after the other); add_read and set_read read
+# the rows back after their write.
+PCIE_PASSES = {"set": 1, "get": 1, "add": 2, "add_read": 3, "set_read": 2}
 FLOOR_FIELDS = ("floor_launch_us", "pcie_us", "kernel_floor_us")
 # The rule in one line, for the results file's metadata.
 FLOOR_RULE = (
     "kernel_floor_us = floor_launch_us (the step time of floor_launch: the baseline step plus "
     "one aliased Pallas kernel that takes the step's indices and updates and writes nothing) "
     "+ pcie_us (rows x row_bytes x passes / pcie_bytes_per_s; passes: set 1, get 1, add 2, "
-    "add_read 3)"
+    "add_read 3, set_read 2)"
 )
 
 

@@ -21,10 +21,12 @@ the device, then writes (or, for the baseline, does not):
   aliased Pallas kernel that takes the indices and updates but writes nothing
   (``benchmarks/loop_floor.py``): its ``op_cost_us`` is what any in-stream
   kernel adds to the step, the floor of our writes.
-* the read-after-write providers (``xla_add_read``, ``ours_add_read``) add the
-  updates at the step's rows, then read those rows back and carry them (with
-  the buffer), as a client that uses what it wrote must: XLA's host add is
-  off the GPU's path only while nobody reads the rows.
+* the read-after-write providers (``xla_add_read``, ``ours_add_read``,
+  ``xla_set_read``, ``ours_set_read``) add or set the updates at the step's
+  rows, then read those rows back and carry them (with the buffer), as a
+  client that uses what it wrote must (a KV cache, a replay buffer): XLA's
+  host add and set (which ``auto`` may run for a set) are off the GPU's path
+  only while nobody reads the rows.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from pallas_pinned.testing import LoopCase, make_values, scatter_add_oracle, sca
 @dataclasses.dataclass(frozen=True)
 class LoopProvider:
     name: str
-    op: str  # "set", "add", "get", "add_read", "floor" or "none" (the baseline)
+    op: str  # "set", "add", "get", "add_read", "set_read", "floor" or "none" (the baseline)
     ours: bool  # takes a backend= (extra rows with --backends)
     sorted_rows: bool = False  # reads the sorted index table
 
@@ -65,7 +67,11 @@ PROVIDERS = (
     LoopProvider("ours_get", "get", True),
     LoopProvider("xla_add_read", "add_read", False),
     LoopProvider("ours_add_read", "add_read", True),
+    LoopProvider("xla_set_read", "set_read", False),
+    LoopProvider("ours_set_read", "set_read", True),
 )
+# The read-after-write ops: the op written, then its rows read back.
+READS_BACK = ("add_read", "set_read")
 PROVIDER_NAMES = tuple(p.name for p in PROVIDERS)
 
 
@@ -82,17 +88,19 @@ def _xla_get(x, i):
 def read_fn(name: str, backend: str) -> Callable:
     """``read(x, i) -> rows`` of a gather or read-after-write provider."""
     ours = functools.partial(pp.gather_from_host, backend=backend)
-    return {"xla_get": _xla_get, "ours_get": ours,
-            "xla_add_read": _xla_get, "ours_add_read": ours}[name]
+    return {"xla_get": _xla_get, "ours_get": ours, "xla_add_read": _xla_get,
+            "ours_add_read": ours, "xla_set_read": _xla_get, "ours_set_read": ours}[name]
 
 
 def write_fn(name: str, backend: str) -> Callable:
     """``write(x, i, u) -> x`` of one provider (not for the baseline or a gather).
 
+    A read-after-write provider writes as its op's (``xla_add_read`` as ``xla_add``).
     ``floor_launch`` writes nothing through one kernel: backend "-" runs it
     as the platform allows (:func:`benchmarks.loop_floor.floor_launch`), any
     other than "interpret" forces the compiled kernel (lowering for CUDA).
     """
+    name = name.removesuffix("_read")
     set_ = functools.partial(pp.scatter_to_host, backend=backend)
     add = functools.partial(pp.scatter_add_to_host, backend=backend)
     return {
@@ -104,8 +112,6 @@ def write_fn(name: str, backend: str) -> Callable:
         "xla_add": lambda x, i, u: x.at[i].add(u),
         "ours_add": add,
         "ours_add_unique": functools.partial(add, unique_indices=True),
-        "xla_add_read": lambda x, i, u: x.at[i].add(u),
-        "ours_add_read": add,
         "floor_launch": functools.partial(
             loop_floor.floor_launch,
             interpret=None if backend == "-" else backend == "interpret"),
@@ -125,7 +131,7 @@ def scan_fn(provider: LoopProvider, backend: str) -> Callable:
     floor_launch is the same step with the buffer passed through its kernel. A
     gather carries the rows it read (outputs[1]: the last step's), which every
     step overwrites, so every step's read is live; so does a read-after-write
-    provider, the rows it read after its add.
+    provider, the rows it read after its write.
     """
     steps_of = lambda table: jnp.arange(table.shape[0], dtype=jnp.int32)  # noqa: E731
     if provider.op in ("none", "floor"):
@@ -149,7 +155,7 @@ def scan_fn(provider: LoopProvider, backend: str) -> Callable:
                 return (x, read(x, i) + u), None
 
             return lax.scan(body, (x, jnp.zeros_like(base)), steps_of(table))[0]
-    elif provider.op == "add_read":
+    elif provider.op in READS_BACK:
         write, read = write_fn(provider.name, backend), read_fn(provider.name, backend)
 
         def run(x, table, base):
@@ -243,7 +249,7 @@ def check_replay(data: LoopData, provider: LoopProvider, before: np.ndarray,
     leave every sampled row as it was (a gather's rows are checked by
     :func:`check_gathered`, a read-after-write's by :func:`check_read_back`).
     """
-    op = provider.op
+    op = provider.op.removesuffix("_read")  # the buffer as after the write alone
     if op in _UNCHANGED:
         return None if before.tobytes() == after.tobytes() else (
             f"the {_UNCHANGED[op]} changed the buffer: "
@@ -280,12 +286,20 @@ def _replay(data: LoopData, op: str, before: np.ndarray, hits: list) -> tuple:
     return expected, magnitude, terms
 
 
-def check_read_back(data: LoopData, before_last: np.ndarray,
+def check_read_back(data: LoopData, op: str, before_last: np.ndarray,
                     carried: np.ndarray) -> str | None:
-    """A read-after-write scan's output (the rows read after the last step's add) against
-    the oracle: the buffer's rows at the last step's indices before the run
-    (``before_last``), every step's adds to them replayed. Within rounding.
+    """A read-after-write scan's output (the rows read after the last step's write)
+    against the oracle. ``set_read``: the last step's updates, bit for bit (its
+    rows are distinct). ``add_read``: the buffer's rows at the last step's
+    indices before the run (``before_last``), every step's adds to them
+    replayed, within rounding.
     """
+    if op == "set_read":
+        expected = _last_updates(data)
+        if expected.tobytes() == carried.tobytes():
+            return None
+        return (f"rows read after the last set: {_changed_rows(expected, carried)} of "
+                f"{carried.shape[0]} differ from the last step's updates")
     last = data.table[-1]
     order = np.argsort(last, kind="stable")  # distinct rows: sorted, as hits_in wants
     rows = last[order]
@@ -301,12 +315,16 @@ def check_gathered(data: LoopData, last_rows: np.ndarray, x_rows: np.ndarray) ->
     ``x_rows`` are the buffer's rows at the last step's indices, read back
     after the scan (the sampled check shows the buffer unchanged). Exact.
     """
-    last_step = np.asarray(data.table.shape[0] - 1, data.base.dtype)
-    expected = (x_rows + (data.base + last_step)).astype(data.base.dtype)
+    expected = (x_rows + _last_updates(data)).astype(data.base.dtype)
     if expected.tobytes() == last_rows.tobytes():
         return None
     return (f"gathered rows: {_changed_rows(expected, last_rows)} of {last_rows.shape[0]} rows "
             "of the last step differ from the buffer's")
+
+
+def _last_updates(data: LoopData) -> np.ndarray:
+    """The last step's updates, as the device makes them: ``base + t``."""
+    return data.base + np.asarray(data.table.shape[0] - 1, data.base.dtype)
 
 
 def _changed_rows(a: np.ndarray, b: np.ndarray) -> int:

@@ -67,7 +67,7 @@ loop_steps.write_fn = wrong
 right_read = loop_steps.read_fn
 loop_steps.read_fn = lambda name, backend: (  # gathers the neighbouring rows
     (lambda x, i: right_read(name, backend)(x, (i + 1) % x.shape[0]))
-    if name in ("ours_get", "ours_add_read") else right_read(name, backend))
+    if name in ("ours_get", "ours_add_read", "ours_set_read") else right_read(name, backend))
 right_ours = loop_patterns._ours
 def wrong_ours(op, n, backend, x, where, values):
     if op == "kv":  # writes one position too far
@@ -76,7 +76,7 @@ def wrong_ours(op, n, backend, x, where, values):
 loop_patterns._ours = wrong_ours
 sys.exit(loop.main({argv!r}))
 """
-BROKEN = ("ours_set_unique", "ours_get", "ours_kv", "ours_add_read")
+BROKEN = ("ours_set_unique", "ours_get", "ours_kv", "ours_add_read", "ours_set_read")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def _loop(out: Path) -> dict:
 def _expected_rows(backends: tuple[str, ...]) -> set[tuple[str, str]]:
     ours = [p for p in PROVIDER_NAMES if p.startswith("ours")]
     expected = {("baseline", "-"), ("floor_launch", "-"), ("xla_set", "-"), ("xla_add", "-"),
-                ("xla_get", "-"), ("xla_add_read", "-")}
+                ("xla_get", "-"), ("xla_add_read", "-"), ("xla_set_read", "-")}
     return expected | {(p, b) for p in ours for b in ("auto", *backends)}
 
 
@@ -174,11 +174,12 @@ def test_loop_prints_the_table_and_a_plot(loop_run):
         assert "no plot: matplotlib is not installed" in stdout
     for name in BROKEN[:2]:
         assert f"INCORRECT: {name}[auto]" in stdout
-    # The add was right; the rows read back after it were the neighbours.
-    assert (f"INCORRECT: ours_add_read[auto] on {GRID_CASE.name}: rows read after the last "
-            "add:") in stdout
+    # The write was right; the rows read back after it were the neighbours.
+    for op in ("add", "set"):
+        assert (f"INCORRECT: ours_{op}_read[auto] on {GRID_CASE.name}: rows read after the "
+                f"last {op}:") in stdout
+        assert f" {op}_read " in stdout  # a line of the table: xla_{op}_read and ours_{op}_read
     assert "launch (op)" in stdout and "floor (+pcie)" in stdout
-    assert " add_read " in stdout  # a line of the table: xla_add_read and ours_add_read
 
 
 @needs_index_grammar
@@ -315,8 +316,10 @@ def test_the_loop_run_feeds_choose_backends_gather_rows(loop_run):
 def test_choose_backends_ignores_the_floor_and_the_read_after_write_rows():
     measured = [_row("ours_set", "pallas", 16, 10.0), _row("ours_set", "triton", 16, 20.0),
                 _row("xla_set", "-", 16, 12.0)]
-    extra = [_row("floor_launch", "-", 16, 1.0), _row("xla_add_read", "-", 16, 1.0)] + [
-        _row("ours_add_read", b, 16, 500.0) for b in ("pallas", "triton", "auto")]
+    extra = [_row("floor_launch", "-", 16, 1.0)]
+    for op in ("add_read", "set_read"):
+        extra += [_row(f"xla_{op}", "-", 16, 1.0)] + [
+            _row(f"ours_{op}", b, 16, 500.0) for b in ("pallas", "triton", "auto")]
     assert choose_backends.choose(measured + extra) == choose_backends.choose(measured)
     assert choose_backends.choose(extra) == ([], {})
 
@@ -330,7 +333,8 @@ def test_every_grid_record_carries_the_floor_of_its_case(loop_run):
     records = [r for r in _loop(out)["records"] if r["case"] == GRID_CASE.name]
     floor = next(r for r in records if r["provider"] == "floor_launch")
     assert floor["op"] == "floor" and floor["correct"] is True and floor["us_per_step"] > 0
-    passes = {"set": 1, "get": 1, "add": 2, "add_read": 3}  # add reads and writes each row
+    # add reads and writes each row; the *_read ops read it back after their write.
+    passes = {"set": 1, "get": 1, "add": 2, "add_read": 3, "set_read": 2}
     for r in records:
         assert r["floor_launch_us"] == floor["us_per_step"], r
         if r["op"] in ("none", "floor"):  # moves no rows

@@ -10,17 +10,22 @@ providers run on small buffers, against the numpy oracles. The CLI run of the
 grid is in ``test_benchmarks_loop.py``.
 """
 
+import json
+import shutil
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pallas_pinned
 import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
 from benchmarks import loop, loop_steps, scan_runner
 from benchmarks.loop_steps import PROVIDER_NAMES, PROVIDERS
 from pallas_pinned import testing
+from pallas_pinned._registry import TABLE_ENV
 
 # ---------------------------------------------------------------------------
 # Interleaved timing
@@ -97,8 +102,26 @@ def test_a_grid_case_past_the_time_budget_is_skipped_whole(monkeypatch):
         assert r["runs"] == 0 and r["us_per_step"] is None, r
 
 
+@pytest.mark.parametrize("custom", [False, True], ids=["shipped", "custom"])
+def test_the_run_records_the_backend_table_auto_followed(custom, tmp_path, monkeypatch, capsys):
+    # A copy of the shipped table: were auto to consult it, it would choose the same.
+    table = tmp_path / "table.json"
+    shutil.copy(Path(pallas_pinned.__file__).with_name("backend_table.json"), table)
+    if custom:
+        monkeypatch.setenv(TABLE_ENV, str(table))
+    else:
+        monkeypatch.delenv(TABLE_ENV, raising=False)
+    out = tmp_path / "out"
+    assert loop.main(["--cpu", "--providers", "baseline", "--rows", "8", "--row-bytes", "64",
+                      "--steps", "2", "--runs", "1", "--no-plots", "--out", str(out)]) == 0
+    meta = json.loads((out / "loop.json").read_text())["meta"]
+    assert meta["backend_table"] == (str(table) if custom else "shipped")
+    header = f"backend 'auto' follows ${TABLE_ENV}={table}, not the shipped table"
+    assert (header in capsys.readouterr().out) is custom
+
+
 # ---------------------------------------------------------------------------
-# The measured floor (floor_launch, PCIe) and reading back what was added
+# The measured floor (floor_launch, PCIe) and reading back what was written
 
 
 PROVIDER = {p.name: p for p in PROVIDERS}
@@ -107,12 +130,15 @@ BUFFERS = pytest.mark.parametrize("case", [testing.LoopCase(8, 4), testing.LoopC
 
 
 def test_the_new_providers_run_by_default_and_can_be_picked():
-    assert {"floor_launch", "xla_add_read", "ours_add_read"} <= set(PROVIDER_NAMES)
+    assert {"floor_launch", "xla_add_read", "ours_add_read", "xla_set_read",
+            "ours_set_read"} <= set(PROVIDER_NAMES)
     assert loop.parse_args(["--cpu"]).providers == PROVIDER_NAMES
-    args = loop.parse_args(["--cpu", "--providers", "floor_launch,ours_add_read",
-                            "--backends", "interpret"])
-    assert [(p.name, b) for p, b in loop.pairs(args)] == [("baseline", "-"), (
-        "floor_launch", "-"), ("ours_add_read", "auto"), ("ours_add_read", "interpret")]
+    args = loop.parse_args(["--cpu", "--providers", "floor_launch,ours_add_read,xla_set_read,"
+                            "ours_set_read", "--backends", "interpret"])
+    assert [(p.name, b) for p, b in loop.pairs(args)] == [
+        ("baseline", "-"), ("floor_launch", "-"), ("ours_add_read", "auto"),
+        ("xla_set_read", "-"), ("ours_set_read", "auto"), ("ours_add_read", "interpret"),
+        ("ours_set_read", "interpret")]
 
 
 def _one_scan(name: str, backend: str, case: testing.LoopCase, steps: int = 5):
@@ -162,21 +188,26 @@ def test_floor_launch_is_one_aliased_kernel_in_the_step_on_cuda(shape):
     assert kernel > loop_start  # in the scan's body: not hoisted out of it
 
 
-@pytest.mark.parametrize("name, backend", [("xla_add_read", "-"), ("ours_add_read", "auto"),
-                                           ("ours_add_read", "interpret")])
+@pytest.mark.parametrize("name, backend", [
+    ("xla_add_read", "-"), ("ours_add_read", "auto"), ("ours_add_read", "interpret"),
+    ("xla_set_read", "-"), ("ours_set_read", "auto"), ("ours_set_read", "interpret")])
 @BUFFERS
-def test_the_rows_read_after_an_add_are_the_oracle_s(name, backend, case):
+def test_the_rows_read_after_a_write_are_the_oracle_s(name, backend, case):
+    op = PROVIDER[name].op
+    oracle = testing.scatter_oracle if op == "set_read" else testing.scatter_add_oracle
     data, before, (after, carried) = _one_scan(name, backend, case)
     expected = before.copy()
     for t, rows in enumerate(data.table):
-        expected = testing.scatter_add_oracle(expected, rows, data.base + np.float32(t))
+        expected = oracle(expected, rows, data.base + np.float32(t))
     last = data.table[-1]
+    # The carried rows: read after the last step's write, at its rows; a set's are
+    # the last step's updates, bit for bit (the rows are distinct within a step).
+    if op == "set_read":
+        assert after.tobytes() == expected.tobytes()
+        assert carried.tobytes() == (data.base + np.float32(len(data.table) - 1)).tobytes()
     np.testing.assert_allclose(after, expected, rtol=1e-6, atol=1e-6)
-    # The carried rows: read after the last step's add, at its rows.
     np.testing.assert_allclose(carried, expected[last], rtol=1e-6, atol=1e-6)
-    assert loop_steps.check_read_back(data, before[last], carried) is None
+    assert loop_steps.check_read_back(data, op, before[last], carried) is None
     neighbours = expected[(last + 1) % expected.shape[0]]
-    assert "rows read after the last add" in loop_steps.check_read_back(
-        data, before[last], neighbours)
-
-
+    assert f"rows read after the last {op.removesuffix('_read')}" in loop_steps.check_read_back(
+        data, op, before[last], neighbours)
