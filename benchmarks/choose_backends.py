@@ -30,9 +30,17 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
   measured faster than the kernel by more than :data:`NOISE` in every case:
   ``ours_set`` with ``backend="auto"`` whose step launched none of our kernels
   (the table in force then said ``xla``), in the source run or else in an
-  earlier run (``--xla-path-from``, default the 15:18 UTC run of 2026-12-03,
-  where it was not faster in the classes up to 256 rows), judged against that
-  same run's kernel. Where no run measured it, the kernel stays.
+  earlier run (``--xla-path-from``), judged against that same run's kernel.
+  XLA's path applies the rows on the host CPU, so a step that reads them back
+  waits for it: where that run also timed the set-then-read rows
+  (``ours_set_read``), the path must not be slower there than the kernel by
+  more than the noise in any case. Where no run measured it, the kernel stays.
+  The default evidence is a graphed run made for it (2026-12-03 18:47 UTC,
+  ``$PALLAS_PINNED_BACKEND_TABLE`` naming a table with ``xla`` for every
+  float32 set class, beside it in ``benchmarks/results``): XLA's path beat the
+  kernel at 64 x 1 KiB (6.6 against 8.1 us per step; read back 10.3 against
+  10.9), tied at 5 x 4 B and 256 x 1 KiB, and lost at 256 x 4 B (9.5 against
+  7.7) and from 1024 rows (51.5 against 29.4: its de-duplication sorts).
 * add and gather stay on the kernels whatever the loop says. The loop's add
   rows never read back what they wrote, so XLA's add is applied by the host
   CPU off the GPU's path. Read back (the loop's ``*_add_read`` rows) XLA's
@@ -58,10 +66,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "pallas_pinned" / "backend_table.json"
 DEFAULT_SOURCE = REPO / "benchmarks" / "results" / "loop_quick_graphs_h200.json"
-# The last run in which auto ran XLA's own set path (with our de-duplication) in
-# the small classes (2026-12-03 15:18 UTC): where a newer run lacks that
-# measurement, this one judges it.
-DEFAULT_XLA_PATH = REPO / "benchmarks" / "results" / "loop_quick_h200_1518.json"
+# A graphed run in which auto ran XLA's own set path (with our de-duplication) in
+# every set class, set-then-read rows included (2026-12-03 18:47 UTC): where the
+# source run lacks that measurement, this one judges it.
+DEFAULT_XLA_PATH = REPO / "benchmarks" / "results" / "loop_xla_set_graphs_h200.json"
 
 
 def _label(path: Path) -> str:
@@ -81,6 +89,10 @@ def _usable(r: dict) -> bool:
     return r.get("us_per_step") is not None and r.get("correct") is not False
 
 
+def _ran_kernel(r: dict) -> bool:
+    return any(k.startswith("custom-call") for k in r.get("hlo_ops") or {})
+
+
 def _class_times(records: list[dict]) -> dict:
     """``(op, dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"xla"|"auto": us}``."""
     times = defaultdict(lambda: defaultdict(dict))
@@ -91,11 +103,28 @@ def _class_times(records: list[dict]) -> dict:
         name = "xla" if r["provider"].startswith("xla_") else r.get("backend")
         if name not in ("pallas", "triton", "xla", "auto"):
             continue
-        if name == "auto" and any(k.startswith("custom-call") for k in r.get("hlo_ops") or {}):
+        if name == "auto" and _ran_kernel(r):
             # auto ran one of our kernels in that run (its table said so then):
             # no measurement of XLA's path with our de-duplication.
             continue
         times[(op, r["dtype"], r["rows"])][(r["rows"], r["row_bytes"])][name] = r["us_per_step"]
+    return times
+
+
+def _set_read_times(records: list[dict]) -> dict:
+    """``(dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"auto": us}`` of the
+    set-then-read rows (``ours_set_read``); ``auto`` only where the same run's ``ours_set``
+    with auto launched none of our kernels, so that its set was XLA's path too."""
+    xla_path = {(r["dtype"], r["rows"], r["row_bytes"]) for r in records
+                if r["provider"] == "ours_set" and r.get("backend") == "auto" and _usable(r)
+                and not _ran_kernel(r)}
+    times = defaultdict(lambda: defaultdict(dict))
+    for r in records:
+        name = r.get("backend")
+        if r["provider"] != "ours_set_read" or not _usable(r) or name == "auto" and (
+                r["dtype"], r["rows"], r["row_bytes"]) not in xla_path:
+            continue
+        times[(r["dtype"], r["rows"])][(r["rows"], r["row_bytes"])][name] = r["us_per_step"]
     return times
 
 
@@ -110,12 +139,20 @@ def _compared(cases: dict) -> tuple[list[dict], str, dict]:
     return full, "triton" if faster else "pallas", totals
 
 
-def _xla_path_faster(full: list[dict], kernel: str) -> bool | None:
+def _xla_path_faster(full: list[dict], kernel: str, reads: dict | None) -> tuple[bool | None, str]:
     """Whether auto's XLA path beat the kernel by more than the noise in every case (None:
-    not measured in these cases)."""
+    not measured in these cases), and what the set-then-read rows (``reads``: the class's
+    cases) said: XLA's path applies the rows on the host CPU, so a step that reads them
+    back waits for it. Where they measured it slower than the kernel by more than the noise
+    in any case, it is not faster."""
     if not full or not all("auto" in c for c in full):
-        return None
-    return all(c["auto"] < c[kernel] * (1 - NOISE) for c in full)
+        return None, ""
+    faster = all(c["auto"] < c[kernel] * (1 - NOISE) for c in full)
+    read = [c for c in (reads or {}).values() if {"auto", kernel} <= set(c)]
+    if not read:
+        return faster, "read back: unmeasured"
+    slower_read = any(c["auto"] > c[kernel] * (1 + NOISE) for c in read)
+    return faster and not slower_read, f"read back: {'slower' if slower_read else 'not slower'}"
 
 
 def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None = None
@@ -128,8 +165,9 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
     path is judged against the kernel of the same earlier run. Where no run
     measured it, the kernel stays (the entry says ``"xla_path": "unmeasured"``).
     """
-    times = _class_times(records)
-    earlier = {label: _class_times(r) for label, r in (xla_path_records or {}).items()}
+    times, reads = _class_times(records), _set_read_times(records)
+    earlier = {label: (_class_times(r), _set_read_times(r))
+               for label, r in (xla_path_records or {}).items()}
     classes = sorted({rows for (_, _, rows) in times})
     choices: dict = {}
     for key, cases in sorted(times.items()):
@@ -139,15 +177,17 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
             continue
         entry = {"backend": kernel, "cases": len(full)}
         if op == "set" and not all(c[kernel] <= c["xla"] for c in full):
-            verdict, source = _xla_path_faster(full, kernel), "this run"
-            for label, other in earlier.items():
+            (verdict, read), source = _xla_path_faster(full, kernel, reads.get(key[1:])), "this run"
+            for label, (other, other_reads) in earlier.items():
                 if verdict is None and key in other:
                     other_full, other_kernel, _ = _compared(other[key])
-                    verdict, source = _xla_path_faster(other_full, other_kernel), label
+                    verdict, read = _xla_path_faster(other_full, other_kernel,
+                                                     other_reads.get(key[1:]))
+                    source = label
             if verdict:
                 entry["backend"] = "xla"
             entry["xla_path"] = "unmeasured" if verdict is None else (
-                f"{'faster' if verdict else 'not faster'} than the kernel ({source})")
+                f"{'faster' if verdict else 'not faster'} than the kernel ({source}; {read})")
         entry.update({f"{k}_us": round(v, 1) for k, v in totals.items()})
         choices.setdefault(op, {}).setdefault(dtype, {})[str(rows)] = entry
     return classes, choices

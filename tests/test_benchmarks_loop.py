@@ -280,6 +280,31 @@ def test_choose_backends_keeps_the_set_kernel_where_auto_s_xla_path_was_not_fast
     assert earlier["1024"]["backend"] == "pallas"
 
 
+def test_choose_backends_takes_xla_s_set_path_only_where_a_read_back_does_not_lose():
+    # XLA's path applies the rows on the host CPU, so a step that reads them back
+    # waits: its set-then-read rows (auto's counted only where the same run's set ran
+    # XLA's path) must not be slower than the kernel's by more than the noise.
+    def run(read_us):
+        return [
+            _row("ours_set", "pallas", 16, 20.0), _row("xla_set", "-", 16, 10.0),
+            _row("ours_set", "auto", 16, 12.0) | {"hlo_ops": {"fusion": 3}},
+            _row("ours_set_read", "pallas", 16, 30.0), _row("ours_set_read", "auto", 16, read_us),
+        ]
+    entry = choose_backends.choose(run(31.0))[1]["set"]["float32"]["16"]
+    assert entry["backend"] == "xla" and "read back: not slower" in entry["xla_path"]
+    entry = choose_backends.choose(run(40.0))[1]["set"]["float32"]["16"]
+    assert entry["backend"] == "pallas" and "read back: slower" in entry["xla_path"]
+    # An auto read-back row whose set ran our kernel says nothing of XLA's path.
+    kernel_ran = [dict(r, hlo_ops={"custom-call:x": 1}) if r["backend"] == "auto"
+                  and r["provider"] == "ours_set" else r for r in run(40.0)]
+    no_auto = [r for r in kernel_ran
+               if not (r["provider"] == "ours_set" and r["backend"] == "auto")]
+    earlier = choose_backends.choose(no_auto, {"old.json": run(31.0)})[1]["set"]["float32"]["16"]
+    assert earlier["backend"] == "xla" and "old.json; read back: not slower" in earlier["xla_path"]
+    entry = choose_backends.choose(kernel_ran)[1]["set"]["float32"]["16"]
+    assert entry["xla_path"] == "unmeasured"
+
+
 def test_choose_backends_ignores_auto_rows_that_ran_a_kernel():
     # auto ran our kernel there (its table said so when the run was made): no
     # evidence about XLA's path, however fast it was.
