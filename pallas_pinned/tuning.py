@@ -38,6 +38,10 @@ class Thresholds:
     sort_min_adds: int = 16384
     # gather_from_host: the same crossover for reads, by the same reasoning.
     sort_min_gathers: int = 16384
+    # gather_from_host (kernels): from this many entries on, a row repeated in
+    # the batch is read over PCIe once (a hash finds the repeats, one scatter
+    # and a device gather; _rows.read_repeats_once), unless unique_indices=True.
+    read_repeats_once_from: int = 2048
     # scatter_to_host: up to this many updates, duplicates are resolved by an
     # n x n comparison that fuses with the index normalization, instead of a
     # sort: one launch fewer (the quadratic work is negligible at this size).
@@ -96,8 +100,13 @@ class Thresholds:
     # XLA's copy at 1024 x 1 KiB and 16384 x 256 B too (29.9 vs 29.6, 91.7 vs
     # 94.6). With this switch (15:18, benchmarks/results/loop_quick_h200_1518.json):
     # 64 rows 14.5 against XLA's 15.7, 1024 rows 27.6 against 36.2; 16:50
-    # (loop_quick_h200_1650.json): 13.6 against 13.4, 26.6 against 35.5. Sizes
-    # between 64 and 1024 rows are unmeasured.
+    # (loop_quick_h200_1650.json): 13.6 against 13.4, 26.6 against 35.5. The
+    # block probe at 64 / 128 / 256 / 512 rows x 1 KiB (18:45 UTC, results/
+    # block_probe_{graphs,rows}_h200.json), copy / rows / XLA's copy: graphed 9.2
+    # / 9.0 / 9.8, 10.1 / 10.3 / 9.9, 13.4 / 14.1 / 14.0, 18.4 / 19.6 / 19.5; at
+    # XLA's defaults 7.6 / 8.1 / 8.6, 11.5 / 11.0 / 12.5, 18.2 / 16.4 / 15.1, 18.6 /
+    # 19.7 / 19.1. Below 1024 rows neither is ahead at every size (within 1.8 us,
+    # each way at some size): no case to move the switch.
     block_rows_from: int = 1024
     # False turns the locality sort off altogether (rows with duplicates are
     # still de-duplicated). For benchmarks that measure what sorting buys.
