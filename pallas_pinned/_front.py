@@ -54,10 +54,10 @@ def read(
             x, index, mode=mode, fill_value=fill_value, indices_are_sorted=indices_are_sorted,
             unique_indices=unique_indices, backend=backend,
         )
+    del unique_indices  # A read takes each row independently.
     plan, operands = _validation.check_read(x, index, mode=mode, backend=backend)
     fill = _validation.check_fill_value(fill_value)
     call = _local_read.ReadCall.of(
-        plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted,
-        unique_indices=unique_indices, backend=backend,
+        plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted, backend=backend
     )
     return _local_read.read(x, operands, call)

@@ -43,10 +43,9 @@ class ReadCall:
     ascending: bool
     backend: str
     thresholds: tuning.Thresholds
-    unique: bool = False  # promised distinct: no search for repeated rows
 
     @classmethod
-    def of(cls, plan, *, mode, fill, indices_are_sorted, backend, unique_indices=False):
+    def of(cls, plan, *, mode, fill, indices_are_sorted, backend):
         """The call's settings, its index form's own guarantees and the current thresholds."""
         return cls(
             plan=plan,
@@ -55,7 +54,6 @@ class ReadCall:
             ascending=bool(indices_are_sorted) or plan.ascending,
             backend=backend,
             thresholds=tuning.current(),
-            unique=bool(unique_indices) or plan.unique,
         )
 
     @property
@@ -98,8 +96,7 @@ def read_traced(x, operands, call: ReadCall):
     row_mode = "drop" if call.fill_mode else "clip"
     rows = _rows.normalize_rows(_placement.to_device_memory(rows), plan.num_rows, row_mode)
     x2d = x.reshape(plan.num_rows, plan.width)
-    read_rows = _rows_op(impl, call.ascending, call.unique, call.thresholds)
-    out2d = jax.device_put(read_rows(x2d, rows), _DEVICE)
+    out2d = jax.device_put(_rows_op(impl, call.ascending, call.thresholds)(x2d, rows), _DEVICE)
     if call.fill_mode:
         # lax.full_like converts as jnp's own fill does (e.g. 1000 wraps in int8).
         fill = lax.full_like(out2d, call.fill_value(x.dtype))
@@ -110,13 +107,12 @@ def read_traced(x, operands, call: ReadCall):
 # --- the row read: kernel or XLA -----------------------------------------------------
 
 
-def _read_rows(x2d, rows, *, impl: str, ascending: bool, unique: bool,
-               thresholds: tuning.Thresholds):
+def _read_rows(x2d, rows, *, impl: str, ascending: bool, thresholds: tuning.Thresholds):
     """``(n, d)`` rows of ``x2d`` for normalized ``rows``; zeros where out of range."""
     if impl in ("xla", "xla_native"):  # A read has one XLA formulation.
         return _host_xla.gather_rows(x2d, rows)
     kernel = functools.partial(_kernel_read, backend=impl, ascending=ascending,
-                               unique=unique, thresholds=thresholds)
+                               thresholds=thresholds)
     if impl == "interpret":
         return kernel(x2d, rows)
     if impl == "pallas" and not (
@@ -127,20 +123,14 @@ def _read_rows(x2d, rows, *, impl: str, ascending: bool, unique: bool,
     return lax.platform_dependent(x2d, rows, cuda=kernel, default=_host_xla.gather_rows)
 
 
-def _kernel_read(x2d, rows, *, backend: str, ascending: bool, unique: bool,
-                 thresholds: tuning.Thresholds):
+def _kernel_read(x2d, rows, *, backend: str, ascending: bool, thresholds: tuning.Thresholds):
     num_reads = rows.shape[0]
-    source = None
-    if not unique and num_reads >= thresholds.read_repeats_once_from:
-        # Each PCIe read costs a transaction; a repeat is copied on the device.
-        rows, source = _rows.read_repeats_once(rows, x2d.shape[0])
     dest = None
     if thresholds.coalesce and not ascending and num_reads >= thresholds.sort_min_gathers:
         # Read in ascending address order (coalesced PCIe reads) and let the
         # kernel store each row straight at its place in the caller's order.
         rows, dest = lax.sort((rows, lax.iota(jnp.int32, num_reads)), num_keys=1)
-    out = _registry.kernels(backend).get(x2d, rows, dest)
-    return out if source is None else out[source]
+    return _registry.kernels(backend).get(x2d, rows, dest)
 
 
 _HOST_GRAD_MESSAGE = (
@@ -208,11 +198,11 @@ def _fold_rows(read, axis_size, x2d, rows):
 
 
 @functools.cache
-def _rows_op(impl: str, ascending: bool, unique: bool, thresholds: tuning.Thresholds):
+def _rows_op(impl: str, ascending: bool, thresholds: tuning.Thresholds):
     """The row read for one static setting, with its rules (the tangent reads like jnp)."""
 
     read_fn = functools.partial(
-        _read_rows, impl=impl, ascending=ascending, unique=unique, thresholds=thresholds
+        _read_rows, impl=impl, ascending=ascending, thresholds=thresholds
     )
     return _guarded(read_fn, gather_rows_reference, _fold_rows)
 

@@ -24,7 +24,6 @@ __all__ = [
     "index_dtype",
     "normalize_rows",
     "rows_in_range",
-    "read_repeats_once",
     "COMBINERS",
     "segmented_scan",
     "skip_row",
@@ -96,30 +95,6 @@ def rows_in_range(rows: jax.Array, num_rows: int) -> jax.Array:
     if num_rows <= jnp.iinfo(rows.dtype).max:
         ok &= rows < num_rows
     return ok
-
-
-def read_repeats_once(rows: jax.Array, num_rows: int):
-    """``(rows, source)`` for a read that fetches a repeated row once, where a hash finds it.
-
-    Each entry hashes its row into one of at least ``4 n`` slots; a slot's owner is
-    its first entry (a scatter-min: the same owner in whatever order the GPU
-    applies it). An entry whose row equals its slot owner's becomes a
-    :func:`skip_row` and ``source`` points at the owner; the others (owners,
-    and rows that collided with another row's slot) read their own row. Reading
-    ``rows`` and taking ``out[source]`` gives what reading every entry gives,
-    bit for bit: no sort, and a hash collision only costs a repeated read.
-    """
-    n = rows.shape[0]
-    bits = min(31, max(2, (4 * n - 1).bit_length()))
-    folded = rows if rows.dtype.itemsize <= 4 else rows ^ (rows >> 32)
-    # Fibonacci hashing: the top bits of the product spread nearby rows apart.
-    mixed = folded.astype(jnp.uint32) * jnp.uint32(0x9E3779B1)
-    slot = (mixed >> jnp.uint32(32 - bits)).astype(jnp.int32)
-    entry = lax.iota(jnp.int32, n)
-    owner = jnp.full((1 << bits,), n, jnp.int32).at[slot].min(entry)[slot]
-    repeated = (owner != entry) & (rows[owner] == rows)
-    return jnp.where(repeated, skip_row(num_rows, rows.dtype), rows), jnp.where(
-        repeated, owner, entry)
 
 
 def dedupe_last_wins(rows: jax.Array, num_rows: int, *, presorted: bool = False):

@@ -215,6 +215,7 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
            unique_indices=False, backend="auto"):
     """``gather_from_host`` on a buffer sharded along axis 0; the result is replicated."""
 
+    del unique_indices  # A gather reads each row independently.
     _validation.check_mode_and_backend(mode, backend, modes=_validation.GATHER_MODES)
     layout = _layout(x)
     fill = _validation.check_fill_value(fill_value)
@@ -228,8 +229,7 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
     traced = not _placement.is_concrete(x)
     operands = tuple(_place(f"index array {k}", a, layout, traced) for k, a in enumerate(operands))
     call = _local_read.ReadCall.of(
-        plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted, backend=backend,
-        unique_indices=unique_indices,
+        plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted, backend=backend
     )
     cfg = GatherConfig(layout, call)
     if traced:

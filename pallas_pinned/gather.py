@@ -48,9 +48,7 @@ def gather_from_host(
         Ignored in the other modes, as in jnp.
       indices_are_sorted: promise that the positions ascend (skips the sort
         that coalesces reads). Only speed depends on it.
-      unique_indices: promise that no position repeats; from ``tuning``'s
-        ``read_repeats_once_from`` entries on, it skips the search that reads a
-        repeated row over PCIe once. Only speed depends on it.
+      unique_indices: accepted for parity with jnp; a read does not need it.
       backend: as for :func:`scatter_to_host`.
 
     Returns:

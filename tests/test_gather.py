@@ -95,57 +95,6 @@ def test_gather_sorted_reads_come_back_in_callers_order(rng, backend, mode, smal
     check_gather(gather_from_host(put(x0), idx, mode=mode, backend=backend), x0, idx, mode)
 
 
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize("mode", ["fill", "clip"])
-@pytest.mark.parametrize("sort_from", [64, 16384])
-def test_gather_reads_a_repeated_row_once_and_gives_jnp_s_result(rng, backend, mode, sort_from):
-    # Heavy repeats (a few hot rows, as Zipf ids give), out-of-range entries
-    # mixed in, with the search for repeats switched on from 16 entries; with and
-    # without the coalescing sort after it.
-    x0 = make_values(rng, (300, 2), "float32")
-    hot = mixed_indices(rng, 300, (12,))
-    idx = hot[rng.integers(0, hot.size, size=(9, 20))]
-    with tuning.override(read_repeats_once_from=16, sort_min_gathers=sort_from):
-        out = gather_from_host(put(x0), idx, mode=mode, backend=backend)
-    check_gather(out, x0, idx, mode)
-
-
-@pytest.mark.parametrize("dtype", ["int32", "int64"])
-def test_read_repeats_once_points_every_repeat_at_a_reader_of_its_row(rng, dtype):
-    from pallas_pinned import _rows
-
-    num_rows = 50_000 if dtype == "int32" else 2**40
-    with jax.enable_x64(dtype == "int64"):
-        distinct = rng.integers(0, num_rows, size=400).astype(dtype)
-        rows = distinct[rng.zipf(1.3, size=4096) % distinct.size]
-        rows[::97] = _rows.skip_row(num_rows, np.dtype(dtype))  # Already-skipped entries.
-        read, source = map(np.asarray, _rows.read_repeats_once(jnp.asarray(rows), num_rows))
-    entry = np.arange(rows.size)
-    assert np.array_equal(rows[source], rows)  # Every entry gets its own row's value.
-    readers = source == entry
-    assert np.array_equal(read[readers], rows[readers])  # A reader reads its row...
-    skip = _rows.skip_row(num_rows, np.dtype(dtype))
-    assert (read[~readers] == skip).all()  # ...a repeat reads nothing over PCIe.
-    assert readers[source].all()  # A repeat points at a reader, never at another repeat.
-    # Each distinct row is read at least once; hash collisions only add reads.
-    assert np.unique(rows).size <= readers.sum() < 1.2 * np.unique(rows).size
-
-
-def test_a_gather_promised_unique_skips_the_search_for_repeats(rng, monkeypatch):
-    from pallas_pinned import _rows
-
-    calls = []
-    search = _rows.read_repeats_once
-    monkeypatch.setattr(_rows, "read_repeats_once", lambda *a: calls.append(1) or search(*a))
-    x0 = make_values(rng, (300, 2), "float32")
-    idx = rng.permutation(300)[:40]
-    with tuning.override(read_repeats_once_from=17):  # A setting no other test compiles.
-        for unique in (True, False):
-            out = gather_from_host(put(x0), idx, unique_indices=unique, backend="interpret")
-            check_gather(out, x0, idx, None)
-            assert len(calls) == (0 if unique else 1)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["device", "pinned_host"])
 def test_gather_memory_kinds_and_x_is_kept(rng, backend, kind):

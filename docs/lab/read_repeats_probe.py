@@ -15,6 +15,20 @@ device gathers): the gather ~12-15 us faster, the whole step (69.7 us at
 18:58 UTC) about as much. On unique rows the search is pure cost: +3-5 us on
 the loop's 4096 x 512 B and 16384 x 256 B gets (51.9 and 143.9 us graphed).
 
+Outcome (H200, jax 0.11.2, 2026-12-03 19:07 UTC, graphed steps,
+read_repeats_probe_h200_1907.log beside this file; tree ``f67803d``), us per
+step, the search on / off: the sparse gather 40.8 / 40.3, the whole step
+74.4 / 75.1, unique gets of 4096 x 512 B 64.2 / 64.3 and of 16384 x 256 B
+148.9 / 149.1. The prediction was wrong twice: skipping the 2200 repeated
+reads bought nothing, and the search cost nothing measurable. Our inference:
+the gather is bound by its programs, not by its row reads. The kernel's grid
+still has one lane per entry (a repeat is a masked lane, not a program fewer),
+and each program waits a PCIe round trip for its rows whatever their number;
+a repeat of a row already on its way may also be served by the GPU's L2.
+Compacting the distinct rows into fewer programs is the untested next step.
+The change (``7d76aaf``) was reverted; its ``tuning`` field went with it, so
+this script runs only on that tree.
+
 Every pair is compiled once under each setting, run once and checked (the
 gathers' sums agree exactly, the trained tables within 1e-6), then timed
 interleaved in ``ROUNDS`` rounds of one scan each: medians of the per-step
