@@ -7,10 +7,11 @@ The source is a loop run whose steps ran as CUDA graphs (``python -m benchmarks.
 run of 5 or more kernels (its default ``xla_gpu_graph_min_graph_size``), which every
 real training or decode step has, but the loop's toy steps have 3 to 6 kernels, so at
 XLA's defaults each of their kernels is launched alone and the launch decides. The
-choices differ: on the H200 (2026-12-03 17:58 and 17:56 UTC) raw Triton's set of
+choices differ: on the H200 (2026-12-03 17:58 and 17:56 UTC, results/
+loop_quick_h200_1758.json and loop_quick_graphs_h200_1756.json) raw Triton's set of
 64 x 1 KiB took 11.3 us against Pallas's 21.8 with launches alone, and 11.0 against
 8.1 in graphs (graphed, an empty Pallas launch costs about nothing; raw Triton fell
-behind Pallas in 55 of the run's 56 kernel pairs).
+behind Pallas in 55 of the run's 56 kernel pairs, and in 62 of 63 at 18:56 UTC).
 
 For each op (set, add, gather), dtype and size class (the run's row counts:
 a call of ``n`` entries falls in the smallest measured count ``>= n``), the
