@@ -194,6 +194,18 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
     return classes, choices
 
 
+def xla_set_table(table: dict) -> dict:
+    """``table`` with XLA's path for every set class. A loop run under it (named by
+    ``$PALLAS_PINNED_BACKEND_TABLE``) measures that path in its ``auto`` set rows: the
+    evidence ``--xla-path-from`` reads (``benchmarks/gpu_session.sh`` stage ``xlaset``)."""
+    forced = json.loads(json.dumps(table))
+    for sizes in forced["choices"].get("set", {}).values():
+        for entry in sizes.values():
+            entry["backend"] = "xla"
+    forced["note"] = "every set class forced to xla, to measure auto's XLA path"
+    return forced
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", nargs="?", type=Path, default=DEFAULT_SOURCE)
@@ -202,7 +214,16 @@ def main(argv=None) -> int:
         "--xla-path-from", type=Path, action="append", default=None,
         help="earlier loop runs in which auto ran XLA's path with our de-duplication "
              f"(default: {DEFAULT_XLA_PATH.relative_to(REPO)})")
+    parser.add_argument(
+        "--xla-set-table", type=Path, default=None, metavar="FILE",
+        help="only write the shipped table with XLA's path for every set class to FILE (run "
+             "a loop with $PALLAS_PINNED_BACKEND_TABLE=FILE to measure that path) and exit")
     args = parser.parse_args(argv)
+    if args.xla_set_table:
+        args.xla_set_table.write_text(
+            json.dumps(xla_set_table(json.loads(TABLE.read_text())), indent=1) + "\n")
+        print(f"wrote {args.xla_set_table}: the shipped table, every set class on XLA's path")
+        return 0
     run = json.loads(args.source.read_text())
     meta = run["meta"]
     earlier_paths = [DEFAULT_XLA_PATH] if args.xla_path_from is None else args.xla_path_from

@@ -1,4 +1,5 @@
-"""CPU tests of the client benchmarks (gather_add, tune, sparse_training) and the GPU session.
+"""CPU tests of the client benchmarks (gather_add, tune, sparse_training, block_probe) and the
+GPU session.
 
 Each runs as CI would run it (a subprocess, ``--cpu`` or ``--quick``, tiny
 sizes); each is also run with a provider broken on purpose, which must be
@@ -139,6 +140,24 @@ def test_sparse_training_fails_on_a_wrong_table_or_an_error(tmp_path, monkeypatc
     assert found["xla"]["status"] == "error" and "ValueError" in found["xla"]["error"]
     assert found["device"]["status"] == "ok"
     assert "INCORRECT: ours" in stdout and "ERROR: xla" in stdout
+
+
+# ---------------------------------------------------------------------------
+# block_probe
+
+
+def test_block_probe_runs_the_sizes_asked_with_the_xla_options(tmp_path):
+    # Every variant's buffer is checked against XLA's own copy inside the probe, which
+    # raises on a difference; the options reach every compile and the results say so.
+    done = run_cli(["benchmarks.block_probe", "--quick", "--rows", "8,16", "--row-bytes", "256",
+                    "--xla-option", "xla_gpu_graph_min_graph_size=1", "--out", str(tmp_path)],
+                   timeout=300)
+    assert done.returncode == 0, explain(done)
+    result = json.loads((tmp_path / "block_probe.json").read_text())
+    assert result["meta"]["compiler_options"] == {"xla_gpu_graph_min_graph_size": 1}
+    assert [(r["n"], r["row_bytes"]) for r in result["records"]] == [(8, 256), (16, 256)]
+    for r in result["records"]:
+        assert {"xla_dus", "ours_promise", "ours_rows", "xla_ds", "ours_get"} <= set(r["us"])
 
 
 # ---------------------------------------------------------------------------
