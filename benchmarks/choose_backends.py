@@ -82,6 +82,8 @@ NOISE = 0.05
 PROVIDERS = {
     "ours_set": "set", "ours_add": "add", "ours_get": "gather",
     "xla_set": "set", "xla_add": "add", "xla_get": "gather",
+    # Evidence only, no table entry: how XLA's set path fares when the step reads back.
+    "ours_set_read": "set_read",
 }
 OPS = ("set", "add", "gather")
 
@@ -95,7 +97,15 @@ def _ran_kernel(r: dict) -> bool:
 
 
 def _class_times(records: list[dict]) -> dict:
-    """``(op, dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"xla"|"auto": us}``."""
+    """``(op, dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"xla"|"auto": us}``.
+
+    ``auto`` counts only where it ran XLA's path: for set, where its step launched
+    none of our kernels; for ``set_read`` (its read is our kernel), where the same
+    run's set of that case did so.
+    """
+    xla_path = {(r["dtype"], r["rows"], r["row_bytes"]) for r in records
+                if r["provider"] == "ours_set" and r.get("backend") == "auto" and _usable(r)
+                and not _ran_kernel(r)}
     times = defaultdict(lambda: defaultdict(dict))
     for r in records:
         op = PROVIDERS.get(r["provider"])
@@ -104,28 +114,12 @@ def _class_times(records: list[dict]) -> dict:
         name = "xla" if r["provider"].startswith("xla_") else r.get("backend")
         if name not in ("pallas", "triton", "xla", "auto"):
             continue
-        if name == "auto" and _ran_kernel(r):
+        case = (r["dtype"], r["rows"], r["row_bytes"])
+        if name == "auto" and (case not in xla_path if op == "set_read" else _ran_kernel(r)):
             # auto ran one of our kernels in that run (its table said so then):
             # no measurement of XLA's path with our de-duplication.
             continue
         times[(op, r["dtype"], r["rows"])][(r["rows"], r["row_bytes"])][name] = r["us_per_step"]
-    return times
-
-
-def _set_read_times(records: list[dict]) -> dict:
-    """``(dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"auto": us}`` of the
-    set-then-read rows (``ours_set_read``); ``auto`` only where the same run's ``ours_set``
-    with auto launched none of our kernels, so that its set was XLA's path too."""
-    xla_path = {(r["dtype"], r["rows"], r["row_bytes"]) for r in records
-                if r["provider"] == "ours_set" and r.get("backend") == "auto" and _usable(r)
-                and not _ran_kernel(r)}
-    times = defaultdict(lambda: defaultdict(dict))
-    for r in records:
-        name = r.get("backend")
-        if r["provider"] != "ours_set_read" or not _usable(r) or name == "auto" and (
-                r["dtype"], r["rows"], r["row_bytes"]) not in xla_path:
-            continue
-        times[(r["dtype"], r["rows"])][(r["rows"], r["row_bytes"])][name] = r["us_per_step"]
     return times
 
 
@@ -166,24 +160,25 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
     path is judged against the kernel of the same earlier run. Where no run
     measured it, the kernel stays (the entry says ``"xla_path": "unmeasured"``).
     """
-    times, reads = _class_times(records), _set_read_times(records)
-    earlier = {label: (_class_times(r), _set_read_times(r))
-               for label, r in (xla_path_records or {}).items()}
-    classes = sorted({rows for (_, _, rows) in times})
+    times = _class_times(records)
+    earlier = {label: _class_times(r) for label, r in (xla_path_records or {}).items()}
+    classes = sorted({rows for (op, _, rows) in times if op in OPS})
     choices: dict = {}
     for key, cases in sorted(times.items()):
         op, dtype, rows = key
+        if op not in OPS:  # evidence for another op's entry
+            continue
         full, kernel, totals = _compared(cases)
         if not full:
             continue
         entry = {"backend": kernel, "cases": len(full)}
         if op == "set" and not all(c[kernel] <= c["xla"] for c in full):
-            (verdict, read), source = _xla_path_faster(full, kernel, reads.get(key[1:])), "this run"
-            for label, (other, other_reads) in earlier.items():
+            reads = ("set_read", dtype, rows)
+            (verdict, read), source = _xla_path_faster(full, kernel, times.get(reads)), "this run"
+            for label, other in earlier.items():
                 if verdict is None and key in other:
                     other_full, other_kernel, _ = _compared(other[key])
-                    verdict, read = _xla_path_faster(other_full, other_kernel,
-                                                     other_reads.get(key[1:]))
+                    verdict, read = _xla_path_faster(other_full, other_kernel, other.get(reads))
                     source = label
             if verdict:
                 entry["backend"] = "xla"
