@@ -52,6 +52,24 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def backend_table(monkeypatch):
+    """``use(path)``: ``auto`` reads the table at ``path`` afresh
+    (``$PALLAS_PINNED_BACKEND_TABLE``), ``use(None)`` the shipped one again; the shipped
+    one is back after the test either way."""
+    from pallas_pinned import _registry
+
+    def use(path):
+        if path is None:
+            monkeypatch.delenv(_registry.TABLE_ENV, raising=False)
+        else:
+            monkeypatch.setenv(_registry.TABLE_ENV, str(path))
+        _registry._table.cache_clear()
+
+    yield use
+    use(None)
+
+
+@pytest.fixture
 def rng(request):
     """A different random stream per test case, the same in every process and run.
 

@@ -191,30 +191,25 @@ def test_auto_follows_a_table_that_says_triton(monkeypatch):
     assert _registry.choose("set", "rows", x, 4, "auto") == "pallas"
 
 
-def test_auto_follows_the_table_the_environment_names(monkeypatch, tmp_path):
+def test_auto_follows_the_table_the_environment_names(backend_table, tmp_path):
     # $PALLAS_PINNED_BACKEND_TABLE: a table written by choose_backends from a run on
     # the user's own machine replaces the shipped one; a file that is not one is
     # refused naming the variable and the fix.
     table = {"size_classes": [64], "choices": {"set": {"float32": {"64": {"backend": "xla"}}}}}
     path = tmp_path / "table.json"
     path.write_text(json.dumps(table))
-    monkeypatch.setenv(_registry.TABLE_ENV, str(path))
-    _registry._table.cache_clear()
-    try:
-        assert _registry.measured_choice("set", "float32", 5) == "xla"
-        assert _registry.measured_choice("add", "float32", 5) == "pallas"  # Says nothing.
-        for text in ("{not json", '{"rows": []}'):
-            path.write_text(text)
-            _registry._table.cache_clear()
-            with pytest.raises(ValueError, match="PALLAS_PINNED_BACKEND_TABLE.*choose_backends"):
-                _registry.measured_choice("set", "float32", 5)
-        monkeypatch.setenv(_registry.TABLE_ENV, str(tmp_path / "missing.json"))
-        _registry._table.cache_clear()
-        with pytest.raises(ValueError, match="not a readable backend table"):
+    backend_table(path)
+    assert _registry.measured_choice("set", "float32", 5) == "xla"
+    assert _registry.measured_choice("add", "float32", 5) == "pallas"  # Says nothing.
+    for text in ("{not json", '{"rows": []}'):
+        path.write_text(text)
+        backend_table(path)
+        with pytest.raises(ValueError, match="PALLAS_PINNED_BACKEND_TABLE.*choose_backends"):
             _registry.measured_choice("set", "float32", 5)
-    finally:
-        monkeypatch.delenv(_registry.TABLE_ENV)
-        _registry._table.cache_clear()
+    backend_table(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="not a readable backend table"):
+        _registry.measured_choice("set", "float32", 5)
+    backend_table(None)
     assert _registry._table()["source"].startswith("benchmarks/results/loop")
 
 

@@ -305,7 +305,7 @@ def test_choose_backends_takes_xla_s_set_path_only_where_a_read_back_does_not_lo
     assert entry["xla_path"] == "unmeasured"
 
 
-def test_choose_backends_writes_the_table_that_measures_xla_s_set_path(tmp_path, monkeypatch):
+def test_choose_backends_writes_the_table_that_measures_xla_s_set_path(tmp_path, backend_table):
     # --xla-set-table: the shipped table with every set class on XLA's path, which auto
     # follows under $PALLAS_PINNED_BACKEND_TABLE (gpu_session.sh stage xlaset).
     from pallas_pinned import _registry
@@ -315,15 +315,10 @@ def test_choose_backends_writes_the_table_that_measures_xla_s_set_path(tmp_path,
     shipped = json.loads(choose_backends.TABLE.read_text())
     forced = json.loads(out.read_text())
     assert forced["choices"]["add"] == shipped["choices"]["add"]
-    monkeypatch.setenv(_registry.TABLE_ENV, str(out))
-    _registry._table.cache_clear()
-    try:
-        for size in shipped["size_classes"]:
-            assert _registry.measured_choice("set", "float32", size) == "xla"
-        assert _registry.measured_choice("add", "float32", 64) == "pallas"
-    finally:
-        monkeypatch.delenv(_registry.TABLE_ENV)
-        _registry._table.cache_clear()
+    backend_table(out)
+    for size in shipped["size_classes"]:
+        assert _registry.measured_choice("set", "float32", size) == "xla"
+    assert _registry.measured_choice("add", "float32", 64) == "pallas"
 
 
 def test_choose_backends_ignores_auto_rows_that_ran_a_kernel():
