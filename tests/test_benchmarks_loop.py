@@ -1,4 +1,4 @@
-"""CPU tests of ``python -m benchmarks.loop``: the grid, the write patterns, the backend table.
+"""CPU tests of ``python -m benchmarks.loop``: the grid and the write patterns.
 
 The loop runs as CI would run it (a subprocess, ``--cpu``): every (case,
 provider, backend) must be recorded, checked against the numpy replay and
@@ -8,7 +8,8 @@ write, per-sequence decode write) go through the index grammar of
 ``pallas_pinned.at``, and one pattern case is timed in-process to see its
 providers interleaved. The grid's interleaved timing, the measured floor
 (``floor_launch``) and the read-after-write providers are tested in-process
-in ``test_benchmarks_loop_grid.py``.
+in ``test_benchmarks_loop_grid.py``; the backend table derived from a run, in
+``test_choose_backends.py``.
 """
 
 import argparse
@@ -223,127 +224,7 @@ def test_loop_gpu_plan_runs_the_targets_first_within_budget():
 
 
 # ---------------------------------------------------------------------------
-# choose_backends: the table backend="auto" reads
-
-
-def _row(provider, backend, rows, us, dtype="float32"):
-    return {"provider": provider, "backend": backend, "rows": rows, "row_bytes": 512,
-            "dtype": dtype, "us_per_step": us, "correct": True}
-
-
-def test_choose_backends_covers_set_add_and_gather():
-    records = [
-        _row("ours_set", "pallas", 16, 10.0), _row("ours_set", "triton", 16, 20.0),
-        _row("xla_set", "-", 16, 12.0),
-        _row("ours_add", "pallas", 4096, 50.0), _row("ours_add", "triton", 4096, 49.0),
-        _row("xla_add", "-", 4096, 40.0),
-        _row("ours_get", "pallas", 16, 30.0), _row("ours_get", "triton", 16, 20.0),
-        _row("xla_get", "-", 16, 25.0),
-        _row("ours_get", "pallas", 4096, 90.0),  # no XLA twin: not compared
-        _row("ours_get", "auto", 16, 1.0),  # what the table decides: recorded, not a candidate
-    ]
-    classes, choices = choose_backends.choose(records)
-    assert classes == [16, 4096]
-    assert choices["set"]["float32"]["16"]["backend"] == "pallas"  # faster than XLA
-    # 2 % faster is within the noise: Pallas stays; add never takes XLA's own
-    # path (it loses the sparse-training client with duplicates), even here.
-    assert choices["add"]["float32"]["4096"]["backend"] == "pallas"
-    assert choices["gather"]["float32"]["16"] == {
-        "backend": "triton", "pallas_us": 30.0, "triton_us": 20.0, "xla_us": 25.0,
-        "auto_us": 1.0, "cases": 1}
-    assert "4096" not in choices["gather"]["float32"]
-    wrong = [dict(r, correct=False) if r["provider"] == "ours_get" else r for r in records]
-    assert "gather" not in choose_backends.choose(wrong)[1]
-
-
-def test_choose_backends_keeps_the_set_kernel_where_auto_s_xla_path_was_not_faster():
-    # XLA's bare set beats the kernel in both classes; ours with auto (XLA's path after
-    # our de-duplication, measured where the table then said xla) beats the kernel by
-    # more than the noise only in the first: only that class takes XLA's path.
-    records = [
-        _row("ours_set", "pallas", 16, 20.0), _row("ours_set", "triton", 16, 30.0),
-        _row("xla_set", "-", 16, 10.0), _row("ours_set", "auto", 16, 12.0),
-        _row("ours_set", "pallas", 1024, 28.0), _row("ours_set", "triton", 1024, 40.0),
-        _row("xla_set", "-", 1024, 25.0), _row("ours_set", "auto", 1024, 51.0),
-    ]
-    choices = choose_backends.choose(records)[1]["set"]["float32"]
-    assert choices["16"]["backend"] == "xla"
-    assert choices["1024"]["backend"] == "pallas"
-    # Unmeasured anywhere: the kernel stays. Measured in an earlier run only:
-    # judged there, against that run's kernel.
-    no_auto = [r for r in records if r["backend"] != "auto"]
-    alone = choose_backends.choose(no_auto)[1]["set"]["float32"]
-    assert alone["16"]["backend"] == alone["1024"]["backend"] == "pallas"
-    assert alone["16"]["xla_path"] == "unmeasured"
-    earlier = choose_backends.choose(no_auto, {"old.json": records})[1]["set"]["float32"]
-    assert earlier["16"]["backend"] == "xla" and "old.json" in earlier["16"]["xla_path"]
-    assert earlier["1024"]["backend"] == "pallas"
-
-
-def test_choose_backends_takes_xla_s_set_path_only_where_a_read_back_does_not_lose():
-    # XLA's path applies the rows on the host CPU, so a step that reads them back
-    # waits: its set-then-read rows (auto's counted only where the same run's set ran
-    # XLA's path) must not be slower than the kernel's by more than the noise.
-    def run(read_us):
-        return [
-            _row("ours_set", "pallas", 16, 20.0), _row("xla_set", "-", 16, 10.0),
-            _row("ours_set", "auto", 16, 12.0) | {"hlo_ops": {"fusion": 3}},
-            _row("ours_set_read", "pallas", 16, 30.0), _row("ours_set_read", "auto", 16, read_us),
-        ]
-    entry = choose_backends.choose(run(31.0))[1]["set"]["float32"]["16"]
-    assert entry["backend"] == "xla" and "read back: not slower" in entry["xla_path"]
-    entry = choose_backends.choose(run(40.0))[1]["set"]["float32"]["16"]
-    assert entry["backend"] == "pallas" and "read back: slower" in entry["xla_path"]
-    # An auto read-back row whose set ran our kernel says nothing of XLA's path.
-    kernel_ran = [dict(r, hlo_ops={"custom-call:x": 1}) if r["backend"] == "auto"
-                  and r["provider"] == "ours_set" else r for r in run(40.0)]
-    no_auto = [r for r in kernel_ran
-               if not (r["provider"] == "ours_set" and r["backend"] == "auto")]
-    earlier = choose_backends.choose(no_auto, {"old.json": run(31.0)})[1]["set"]["float32"]["16"]
-    assert earlier["backend"] == "xla" and "old.json; read back: not slower" in earlier["xla_path"]
-    entry = choose_backends.choose(kernel_ran)[1]["set"]["float32"]["16"]
-    assert entry["xla_path"] == "unmeasured"
-
-
-def test_choose_backends_writes_the_table_that_measures_xla_s_set_path(tmp_path, backend_table):
-    # --xla-set-table: the shipped table with every set class on XLA's path, which auto
-    # follows under $PALLAS_PINNED_BACKEND_TABLE (gpu_session.sh stage xlaset).
-    from pallas_pinned import _registry
-
-    out = tmp_path / "xla_set.json"
-    assert choose_backends.main(["--xla-set-table", str(out)]) == 0
-    shipped = json.loads(choose_backends.TABLE.read_text())
-    forced = json.loads(out.read_text())
-    assert forced["choices"]["add"] == shipped["choices"]["add"]
-    backend_table(out)
-    for size in shipped["size_classes"]:
-        assert _registry.measured_choice("set", "float32", size) == "xla"
-    assert _registry.measured_choice("add", "float32", 64) == "pallas"
-
-
-def test_choose_backends_ignores_auto_rows_that_ran_a_kernel():
-    # auto ran our kernel there (its table said so when the run was made): no
-    # evidence about XLA's path, however fast it was.
-    records = [
-        _row("ours_set", "pallas", 16, 20.0), _row("ours_set", "triton", 16, 30.0),
-        _row("xla_set", "-", 16, 10.0),
-        dict(_row("ours_set", "auto", 16, 12.0), hlo_ops={"custom-call:triton_kernel_call": 1}),
-    ]
-    entry = choose_backends.choose(records)[1]["set"]["float32"]["16"]
-    assert entry["backend"] == "pallas" and entry["xla_path"] == "unmeasured"
-
-
-def test_choose_backends_names_an_unmeasured_op(tmp_path, capsys):
-    source = tmp_path / "loop.json"
-    meta = {"thresholds": {"fused_max_updates": 64}, "date_utc": "d", "gpu_name": "g"}
-    records = [_row("ours_set", "pallas", 16, 10.0), _row("ours_set", "triton", 16, 20.0),
-               _row("xla_set", "-", 16, 30.0)]
-    source.write_text(json.dumps({"meta": meta, "records": records}))
-    out = tmp_path / "table.json"
-    assert choose_backends.main([str(source), "--out", str(out)]) == 0
-    table = json.loads(out.read_text())
-    assert table["unmeasured"] == ["add", "gather"] and set(table["choices"]) == {"set"}
-    assert "no gather rows" in capsys.readouterr().out
+# choose_backends (the rule itself: tests/test_choose_backends.py)
 
 
 def test_the_loop_run_feeds_choose_backends_gather_rows(loop_run):
@@ -352,17 +233,6 @@ def test_the_loop_run_feeds_choose_backends_gather_rows(loop_run):
     out, _ = loop_run
     providers = {r["provider"] for r in _loop(out)["records"]}
     assert set(choose_backends.PROVIDERS) <= providers
-
-
-def test_choose_backends_ignores_the_floor_and_the_read_after_write_rows():
-    measured = [_row("ours_set", "pallas", 16, 10.0), _row("ours_set", "triton", 16, 20.0),
-                _row("xla_set", "-", 16, 12.0)]
-    extra = [_row("floor_launch", "-", 16, 1.0)]
-    for op in ("add_read", "set_read"):
-        extra += [_row(f"xla_{op}", "-", 16, 1.0)] + [
-            _row(f"ours_{op}", b, 16, 500.0) for b in ("pallas", "triton", "auto")]
-    assert choose_backends.choose(measured + extra) == choose_backends.choose(measured)
-    assert choose_backends.choose(extra) == ([], {})
 
 
 # ---------------------------------------------------------------------------
