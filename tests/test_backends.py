@@ -9,6 +9,7 @@ warning turning into an error) shows here first. Accelerating the deprecation
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -209,6 +210,13 @@ def test_auto_follows_the_table_the_environment_names(backend_table, tmp_path):
     backend_table(tmp_path / "missing.json")
     with pytest.raises(ValueError, match="not a readable backend table"):
         _registry.measured_choice("set", "float32", 5)
+    # Refused before anything runs: the donated buffer is alive and unchanged.
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    x0 = np.random.default_rng(2).standard_normal((8, 3)).astype(np.float32)
+    x = jax.device_put(x0, host)
+    with pytest.raises(ValueError, match="not a readable backend table"):
+        pp.scatter_to_host(x, jnp.arange(2), jnp.ones((2, 3), jnp.float32))
+    assert not x.is_deleted() and np.asarray(x).tobytes() == x0.tobytes()
     backend_table(None)
     assert _registry._table()["source"].startswith("benchmarks/results/loop")
 
@@ -326,11 +334,11 @@ def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch
             cfg = _write_rows.RowWrite(
                 "set", mode, False, False, tuning.Thresholds(small_combine_max=small_max)
             )
-            got = _write_rows._xla_native(
-                jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd), cfg
-            )
             want = scatter_oracle(x0, idx, upd, mode)
-            assert np.asarray(got).tobytes() == want.tobytes(), (small_max, mode)
+            native = functools.partial(_write_rows._xla_native, cfg=cfg)
+            for run in (native, jax.jit(native)):  # eagerly and under jit
+                got = run(jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd))
+                assert np.asarray(got).tobytes() == want.tobytes(), (small_max, mode, run)
     with pytest.raises(AssertionError, match="set only"):
         _write_rows._xla_native(
             jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd),
