@@ -46,8 +46,8 @@ FLOOR_FIELDS = ("floor_launch_us", "pcie_us", "kernel_floor_us")
 FLOOR_RULE = (
     "kernel_floor_us = floor_launch_us (the step time of floor_launch: the baseline step plus "
     "one aliased Pallas kernel that takes the step's indices and updates and writes nothing) "
-    "+ pcie_us (rows x row_bytes x passes / pcie_bytes_per_s; passes: set 1, get 1, add 2, "
-    "add_read 3, set_read 2)"
+    "+ pcie_us (rows x row_bytes x passes / pcie_bytes_per_s; passes: "
+    + ", ".join(f"{op} {passes}" for op, passes in PCIE_PASSES.items()) + ")"
 )
 
 
