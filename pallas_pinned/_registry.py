@@ -41,6 +41,7 @@ import functools
 import importlib
 import json
 import os
+import pathlib
 import re
 import types
 import warnings
@@ -210,7 +211,7 @@ def _table() -> dict:
         text = resources.files("pallas_pinned").joinpath("backend_table.json").read_text()
         return json.loads(text)
     try:
-        table = json.loads(open(path, encoding="utf-8").read())
+        table = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise ValueError(
             f"${TABLE_ENV}={path!r} is not a readable backend table ({err}); write one with "
