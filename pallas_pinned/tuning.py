@@ -38,10 +38,6 @@ class Thresholds:
     sort_min_adds: int = 16384
     # gather_from_host: the same crossover for reads, by the same reasoning.
     sort_min_gathers: int = 16384
-    # gather_from_host (kernels): from this many entries on, a row repeated in
-    # the batch is read over PCIe once (a hash finds the repeats, one scatter
-    # and a device gather; _rows.read_repeats_once), unless unique_indices=True.
-    read_repeats_once_from: int = 2048
     # scatter_to_host: up to this many updates, duplicates are resolved by an
     # n x n comparison that fuses with the index normalization, instead of a
     # sort: one launch fewer (the quadratic work is negligible at this size).

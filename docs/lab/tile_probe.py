@@ -81,11 +81,29 @@ def grid_inputs(rng, cases, steps, buffer_bytes):
     return out
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def probe_args(doc: str) -> argparse.Namespace:
+    """``--xla-option`` and ``--quick``, the options of this session's lab probes."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     environment.add_xla_option(parser)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke test)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def print_table(times: dict, columns) -> None:
+    """``times[(column, op, case)]`` lists of us per step: one line per op and case."""
+    labels = sorted({(op, case) for _, op, case in times}, key=str)
+    print(f"{'op':14} {'case':12} " + " ".join(f"{c:>18}" for c in columns))
+    for op, case in labels:
+        cells = []
+        for column in columns:
+            us = times[(column, op, case)]
+            cells.append(f"{statistics.median(us):7.1f} ({min(us):.1f}-{max(us):.1f})")
+        name = "-" if case is None else f"{case[0]}x{case[1]}B"
+        print(f"{op:14} {name:12} " + " ".join(f"{c:>18}" for c in cells), flush=True)
+
+
+def main():
+    args = probe_args(__doc__)
     opts = args.compiler_options or None
     rng = np.random.default_rng(0)
     if args.quick:
@@ -158,16 +176,7 @@ def main():
             per = sparse["steps"] if case is None else steps
             times[key].append((time.perf_counter() - t0) / per * 1e6)
     print("checks passed; us per step, median (min-max), by tile bytes:")
-    labels = sorted({(op, case) for _, op, case in compiled}, key=str)
-    print(f"{'op':14} {'case':12} " + " ".join(f"{t:>18}" for t in TILES))
-    for op, case in labels:
-        cells = []
-        for tile in TILES:
-            us = times[(tile, op, case)]
-            cells.append(f"{statistics.median(us):7.1f} ({min(us):.1f}-{max(us):.1f})")
-        name = "-" if case is None else f"{case[0]}x{case[1]}B"
-        print(f"{op:14} {name:12} " + " ".join(f"{c:>18}" for c in cells), flush=True)
-
+    print_table(times, TILES)
 
 if __name__ == "__main__":
     main()
