@@ -20,7 +20,14 @@ table and the same ids and targets:
   moved to host memory (jax refuses a gather whose operands live in different
   memory spaces) and the rows moved to the device, then ``table.at[ids].add``;
 * ``device``: the same training with the table in device memory (``jnp.take``
-  and ``.at[ids].add``): what the step costs when the table fits on the GPU.
+  and ``.at[ids].add``): what the step costs when the table fits on the GPU;
+* ``transfer``: the measured floor of moving the rows. Each step reads its
+  distinct rows, de-duplicated and sorted before the scan, with
+  ``gather_from_host`` and writes them back unchanged with ``scatter_to_host``
+  (both told ``indices_are_sorted`` and ``unique_indices``; padded with
+  distinct out-of-range ids, which read and write nothing): no ordering, no
+  combining, no gradient. What any step that reads each distinct row once and
+  writes it once costs with these kernels; its table must come out unchanged.
 
 Correctness: after one scan from the same initial table (normal, scale
 ``1/sqrt(dim)``; targets alike), the tables of ``ours`` and ``xla`` are
@@ -34,7 +41,8 @@ scan, then ``--repeats`` device-synchronized scans (``benchmarks.timing``);
 median, min and max per step. The PCIe floor of a step is the bytes that must
 cross PCIe: its distinct rows read once and written once, ``2 * distinct *
 row_bytes``, at ``--pcie-gbps`` (the H200's copies measured 55.0 GB/s
-device->pinned, 49.3 GB/s pinned->device). Writes ``sparse_training.json``
+device->pinned, 49.3 GB/s pinned->device): a bound that scattered rows do not
+reach, which the ``transfer`` provider measures. Writes ``sparse_training.json``
 under ``--out``; exits 1 on an error or a difference over the tolerance.
 """
 
@@ -57,8 +65,8 @@ from benchmarks import environment, report, timing
 MIB = 1 << 20
 # The device table first: the reference. "ours" is backend="auto" (what the
 # shipped table picks); "ours_kernels" forces the Pallas kernels for both ops
-# (their interpreter off the GPU).
-PROVIDERS = ("device", "ours", "ours_kernels", "xla")
+# (their interpreter off the GPU); "transfer" moves the distinct rows and nothing else.
+PROVIDERS = ("device", "ours", "ours_kernels", "xla", "transfer")
 FULL = {"rows": 8 << 20, "dim": 64, "batch": 4096, "steps": 40, "repeats": 5}
 QUICK = {"rows": 1 << 14, "dim": 16, "batch": 256, "steps": 8, "repeats": 2}
 
@@ -107,8 +115,30 @@ def step_fns(lr: float) -> dict:
         "xla": (_xla_read, lambda x, i, u: x.at[i].add(u)),
         "device": (lambda x, i: jnp.take(x, i, axis=0), lambda x, i, u: x.at[i].add(u)),
     }
-    return {name: jax.jit(_sgd_scan(read, add, lr), donate_argnums=0)
-            for name, (read, add) in reads_adds.items()}
+    fns = {name: jax.jit(_sgd_scan(read, add, lr), donate_argnums=0)
+           for name, (read, add) in reads_adds.items()}
+    return fns | {"transfer": jax.jit(_transfer_scan, donate_argnums=0)}
+
+
+def _transfer_scan(table, distinct, targets):
+    """Each step's distinct rows read and written back unchanged; ``targets`` unused."""
+    del targets
+    promises = {"indices_are_sorted": True, "unique_indices": True}
+
+    def step(table, rows):
+        read = pp.gather_from_host(table, rows, mode="fill", fill_value=0, **promises)
+        return pp.scatter_to_host(table, rows, read, mode="drop", **promises), None
+
+    return lax.scan(step, table, distinct)[0]
+
+
+def distinct_padded(ids: np.ndarray, num_rows: int) -> np.ndarray:
+    """Each step's distinct ids, ascending, then ``num_rows, num_rows + 1, ...`` to one width."""
+    distinct = [np.unique(row) for row in ids]
+    width = max(d.size for d in distinct)
+    pads = [num_rows + np.arange(width - d.size) for d in distinct]
+    return np.stack([np.concatenate([d, pad]) for d, pad in zip(distinct, pads, strict=True)]
+                    ).astype(np.int32)
 
 
 # Looked up by name at run time (a test swaps in a broken one).
@@ -133,11 +163,16 @@ def max_abs_diff(a: jax.Array, reference: jax.Array) -> float:
     return diff
 
 
-def run_provider(name: str, table: jax.Array, ids, targets, args, reference) -> dict:
-    """Compiles, runs once (checked against ``reference`` unless this is it), then times."""
+def run_provider(name: str, table: jax.Array, ids, targets, args, reference, *,
+                 tolerance: float | None = None, checked_against: str = "device table") -> dict:
+    """Compiles, runs once (checked against ``reference`` unless this is it), then times.
+
+    ``tolerance`` defaults to ``--tolerance`` times the device table's scale.
+    """
     record = {"provider": name, "status": "ok", "us_per_step": None, "us_min": None,
               "us_max": None, "runs": 0, "compile_s": None, "first_run_s": None,
-              "memory_kind": None, "max_abs_diff_vs_device": None, "correct": None}
+              "memory_kind": None, "max_abs_diff_vs_device": None, "correct": None,
+              "checked_against": None if reference is None else checked_against}
     fn = JITTED.get(name) or step_fns(args.lr)[name]
     try:
         t0 = time.perf_counter()
@@ -154,7 +189,8 @@ def run_provider(name: str, table: jax.Array, ids, targets, args, reference) -> 
         else:
             diff = max_abs_diff(table, reference)
             record["max_abs_diff_vs_device"] = diff
-            record["tolerance"] = args.tolerance * max(1.0, args.reference_scale)
+            record["tolerance"] = (args.tolerance * max(1.0, args.reference_scale)
+                                   if tolerance is None else tolerance)
             record["correct"] = bool(diff <= record["tolerance"]) and (
                 record["memory_kind"] == "pinned_host")
         slow = record["first_run_s"] > args.max_run_s
@@ -243,9 +279,14 @@ def main(argv=None) -> int:
           f"{distinct.max()} of {args.batch}; PCIe floor {floor_us:.1f} us/step (distinct rows "
           f"read + written, {row_bytes} B each, at {args.pcie_gbps:g} GB/s)", flush=True)
     records, reference = [], None
+    distinct_ids = jax.device_put(distinct_padded(ids_np, args.rows), ids.sharding)
     for name in PROVIDERS:
         table = jnp.copy(table0) if name == "device" else jax.device_put(table0, pinned)
-        result = run_provider(name, table, ids, targets, args, reference)
+        if name == "transfer":  # rows written back as read: the table must not change
+            result = run_provider(name, table, distinct_ids, targets, args, table0,
+                                  tolerance=0.0, checked_against="initial table")
+        else:
+            result = run_provider(name, table, ids, targets, args, reference)
         if name == "device":
             reference = result["reference"]
         del result["reference"]
@@ -289,6 +330,14 @@ def summarize(records: list[dict], floor_us: float) -> dict:
         ratios["ours_over_pcie_floor"] = us["ours"] / floor_us
         lines.append(f"ours / PCIe floor: {ratios['ours_over_pcie_floor']:.2f}x "
                      f"({us['ours']:.1f} us vs {floor_us:.1f} us per step)")
+    if us.get("ours") and us.get("transfer"):
+        ratios["ours_over_transfer"] = us["ours"] / us["transfer"]
+        lines.append(f"ours / measured transfer of the distinct rows: "
+                     f"{ratios['ours_over_transfer']:.2f}x ({us['transfer']:.1f} us per step)")
+    if us.get("transfer") and us.get("device"):
+        ratios["transfer_over_device"] = us["transfer"] / us["device"]
+        lines.append(f"transfer alone / device table: {ratios['transfer_over_device']:.2f}x "
+                     "(what moving the rows costs before any ordering, combining or gradient)")
     return {**ratios, "lines": lines}
 
 
@@ -301,10 +350,11 @@ def print_table(records: list[dict], floor_us: float) -> None:
                   f"{r['status']}: {r.get('error', '')[:200]}")
             continue
         diff = r["max_abs_diff_vs_device"]
+        against = "" if diff is None else f", vs {r['checked_against']}"
         print(f"{r['provider']:10} {r['us_per_step']:10.1f} {r['us_min']:10.1f} "
               f"{r['us_max']:10.1f} {r['us_per_step'] / floor_us:8.2f} "
               f"{'reference' if diff is None else f'{diff:.2e}':>10}  "
-              f"{r['status']} ({r['memory_kind']})")
+              f"{r['status']} ({r['memory_kind']}{against})")
 
 
 def exit_status(records: list[dict]) -> int:
@@ -314,7 +364,7 @@ def exit_status(records: list[dict]) -> int:
             print(f"ERROR: {r['provider']}: {r['error'][:300]}")
             failed = True
         elif r["correct"] is False:
-            print(f"INCORRECT: {r['provider']}: max |table - device table| "
+            print(f"INCORRECT: {r['provider']}: max |table - {r['checked_against']}| "
                   f"{r['max_abs_diff_vs_device']:.3g} (tolerance {r['tolerance']:.3g}), "
                   f"memory kind {r['memory_kind']} (must be pinned_host)")
             failed = True

@@ -83,7 +83,12 @@ def test_sparse_training_checks_ours_and_xla_against_the_device_table(sparse_run
         else:
             assert r["memory_kind"] == "pinned_host", r
             assert r["correct"] is True and r["max_abs_diff_vs_device"] <= 1e-5, r
+    # The transfer floor writes back what it read: checked unchanged, bit for bit.
+    assert found["transfer"]["checked_against"] == "initial table"
+    assert found["transfer"]["max_abs_diff_vs_device"] == 0 == found["transfer"]["tolerance"]
+    assert found["ours"]["checked_against"] == "device table"
     for line in ("ours / device table", "ours / xla", "ours / PCIe floor",
+                 "ours / measured transfer", "transfer alone / device table",
                  "distinct ids per step"):
         assert line in stdout, stdout
 
@@ -110,6 +115,13 @@ def test_sparse_training_floor_and_distinct_ids_come_from_the_data(sparse_run):
     us = {r["provider"]: r["us_per_step"] for r in result["records"]}
     assert summary["ours_over_device"] == pytest.approx(us["ours"] / us["device"])
     assert summary["ours_over_xla"] == pytest.approx(us["ours"] / us["xla"])
+
+
+def test_distinct_padded_is_each_steps_sorted_distinct_ids_then_distinct_pads():
+    ids = np.array([[5, 3, 5, 9], [2, 2, 2, 2]], np.int32)
+    got = sparse_training.distinct_padded(ids, 10)
+    np.testing.assert_array_equal(got, [[3, 5, 9], [2, 10, 11]])
+    assert got.dtype == np.int32
 
 
 def test_zipf_ids_are_skewed_and_in_range():
