@@ -11,6 +11,8 @@ device-resident indices and data, without copying the buffer:
 * :func:`scatter_min_to_host`, :func:`scatter_max_to_host`,
   :func:`scatter_mul_to_host` — ``.min``, ``.max``, ``.multiply``;
 * :func:`gather_from_host` — ``x.at[i].get()``, result in device memory;
+* :func:`sort_indices` — one stable order of a batch of row indices, shared
+  by the ops of a step that reads and then writes the same rows;
 * :func:`fix_memory_space` — the same buffer, with a type that says where it
   lives (for arrays from checkpoint restores or ``jit(out_shardings=...)``).
 
@@ -23,6 +25,7 @@ from pallas_pinned import tuning
 from pallas_pinned._placement import fix_memory_space
 from pallas_pinned.at import at
 from pallas_pinned.gather import gather_from_host
+from pallas_pinned.order import sort_indices
 from pallas_pinned.scatter import scatter_to_host
 from pallas_pinned.scatter_add import scatter_add_to_host
 from pallas_pinned.scatter_combine import (
@@ -40,6 +43,7 @@ __all__ = [
     "scatter_min_to_host",
     "scatter_mul_to_host",
     "scatter_to_host",
+    "sort_indices",
     "tuning",
 ]
 __version__ = "0.1.0"

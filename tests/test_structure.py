@@ -1,7 +1,7 @@
 """The package's shape: imports run one way (no cycle, inside functions included), small modules.
 
 Layers, top to bottom: the public ops (``scatter``, ``scatter_add``,
-``scatter_combine``, ``gather``, ``at``) → ``_front`` → the sharded layer
+``scatter_combine``, ``gather``, ``at``, ``order``) → ``_front`` → the sharded layer
 (``_sharded``, ``_sharded_route``) → the local layer (``_local_write``,
 ``_local_read``) → shared helpers → ``pallas_pinned.kernels``. This test
 reads every import statement of every module, at any depth, and checks that
@@ -16,7 +16,9 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PUBLIC = {"scatter", "scatter_add", "scatter_combine", "gather", "at", "__init__", "__main__"}
+PUBLIC = {
+    "scatter", "scatter_add", "scatter_combine", "gather", "at", "order", "__init__", "__main__",
+}
 LAYERS = [  # Highest first; a module may import only its own layer or lower ones.
     PUBLIC,
     {"_front"},
