@@ -86,9 +86,11 @@ def test_sparse_training_checks_ours_and_xla_against_the_device_table(sparse_run
     # The transfer floor writes back what it read: checked unchanged, bit for bit.
     assert found["transfer"]["checked_against"] == "initial table"
     assert found["transfer"]["max_abs_diff_vs_device"] == 0 == found["transfer"]["tolerance"]
-    assert found["ours"]["checked_against"] == "device table"
+    assert found["ours"]["checked_against"] == found["ours_sorted"]["checked_against"] == (
+        "device table")
     for line in ("ours / device table", "ours / xla", "ours / PCIe floor",
                  "ours / measured transfer", "transfer alone / device table",
+                 "ours with one shared order / device table",
                  "distinct ids per step"):
         assert line in stdout, stdout
 
