@@ -23,34 +23,39 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
 * between the two kernels, summed over the class's cases, Triton only where
   it is faster by more than :data:`NOISE` (a closer result keeps Pallas, the
   one with the one-launch path for small sets);
-* for set, the kernel is kept where it is no slower than XLA in **every**
-  case of the class. Elsewhere an ``xla`` entry would make ``auto`` run
-  ``x.at[rows].set(y)`` itself, after our own de-duplication (so the last
-  duplicate wins as everywhere): not XLA's bare ``x.at[i].set``, it costs our
-  de-duplication too. So the class takes it only where that path itself was
+* for set and add, the kernel is kept where it is no slower than XLA in
+  **every** case of the class. Elsewhere an ``xla`` entry would make ``auto``
+  run ``x.at[rows].set(y)`` / ``.add(y)`` itself, after our normalization (and
+  for set our de-duplication, so the last duplicate wins as everywhere): not
+  XLA's bare op. So the class takes it only where that path itself was
   measured faster than the kernel by more than :data:`NOISE` in every case:
-  ``ours_set`` with ``backend="auto"`` whose step launched none of our kernels
-  (the table in force then said ``xla``), in the source run or else in an
-  earlier run (``--xla-path-from``), judged against that same run's kernel.
-  XLA's path applies the rows on the host CPU, so a step that reads them back
-  waits for it: where that run also timed the set-then-read rows
-  (``ours_set_read``), the path must not be slower there than the kernel by
-  more than the noise in any case. Where no run measured it, the kernel stays.
-  The default evidence is a graphed run made for it (2026-12-03 18:47 UTC,
-  ``$PALLAS_PINNED_BACKEND_TABLE`` naming a table with ``xla`` for every
-  float32 set class, beside it in ``benchmarks/results``): XLA's path beat the
-  kernel at 64 x 1 KiB (6.6 against 8.1 us per step; read back 10.3 against
-  10.9), tied at 5 x 4 B and 256 x 1 KiB, and lost at 256 x 4 B (9.5 against
-  7.7) and from 1024 rows (51.5 against 29.4: its de-duplication sorts).
-* add and gather stay on the kernels whatever the loop says. The loop's add
-  rows never read back what they wrote, so XLA's add is applied by the host
-  CPU off the GPU's path. Read back (the loop's ``*_add_read`` rows) XLA's
-  add lost in every case (2026-12-03 16:50 UTC: 32.5 against our 22.1 us per
-  step at 5 x 4 B, 404.1 against 304.7 at 16384 x 256 B), and in the
-  sparse-training client (Zipf ids, each step reading what the last one
-  added) XLA's own path took 699.3 us per step against our 70.5
-  (benchmarks/results/sparse_training_h200_1652.json, 16:52 UTC). XLA's gather
-  lost in every loop case.
+  ``ours_set`` / ``ours_add`` with ``backend="auto"`` whose step launched none
+  of our kernels (the table in force then said ``xla``), in the source run or
+  else in an earlier run (``--xla-path-from``), judged against that same run's
+  kernel. XLA's path applies the rows on the host CPU, so a step that reads
+  them back waits for it: where that run also timed the write-then-read rows
+  (``ours_set_read`` / ``ours_add_read``), the path must not be slower there
+  than the kernel by more than the noise in any case. Where no run measured
+  it, the kernel stays. The default evidence is a graphed run made for it
+  (2026-12-04 16:08 UTC, ``$PALLAS_PINNED_BACKEND_TABLE`` naming a table with
+  ``xla`` for every float32 set and add class, beside it in
+  ``benchmarks/results``). Set: XLA's path beat the kernel at 64 x 1 KiB (6.9
+  against 7.9 us per step; read back 10.8 against 11.8) and lost from 1024
+  rows (50.9 against 28.7: its de-duplication sorts). Add: it beat the kernel
+  in every case (36.7 against 43.9 at 1024 x 1 KiB; read back 52.0 against
+  66.7), as fast as XLA's bare add.
+* add needs a real client's word too. The loop's rows never repeat within a
+  step; the sparse-training client's Zipf ids do (about 1895 distinct of
+  4096). Run under the same table (``--add-client-from``, 16:10 UTC), ``auto``
+  on XLA's add path took 705.0 us per step against the kernels' 73.2; on
+  uniform ids (``--distinct-client-from``, 16:09 UTC, about 4095 distinct of
+  4096) 120.0 against 135.3. XLA's own training on the same table took 765.7
+  and 171.2: its host add slows with repeated rows. So an add class takes
+  XLA's path only where the Zipf client was not slower by more than the
+  noise; where only the uniform one was not, the entry's ``distinct_backend``
+  is ``xla``: what ``auto`` runs for rows known distinct (``unique_indices=True``
+  without ``mode="clip"``, or an index form that cannot repeat a row).
+* gather stays on the kernels: XLA's gather lost in every loop case.
 
 The table, with where it came from, goes to ``pallas_pinned/backend_table.json``,
 which the package ships. An op the source has no rows for is listed under
@@ -67,10 +72,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "pallas_pinned" / "backend_table.json"
 DEFAULT_SOURCE = REPO / "benchmarks" / "results" / "loop_quick_graphs_h200.json"
-# A graphed run in which auto ran XLA's own set path (with our de-duplication) in
-# every set class, set-then-read rows included (2026-12-03 18:47 UTC): where the
-# source run lacks that measurement, this one judges it.
-DEFAULT_XLA_PATH = REPO / "benchmarks" / "results" / "loop_xla_set_graphs_h200.json"
+# A graphed run in which auto ran XLA's own set and add path (with our normalization,
+# and for set our de-duplication) in every float32 set and add class, read-back rows
+# included (2026-12-04 16:08 UTC): where the source run lacks that measurement, this
+# one judges it.
+DEFAULT_XLA_PATH = REPO / "benchmarks" / "results" / "loop_xla_path_graphs_h200.json"
+# The sparse-training client (graphed) under a table with XLA's path for every add class
+# (2026-12-04 16:10 UTC), and the same on uniform ids (16:09 UTC; about 4095 distinct of
+# 4096 per step).
+DEFAULT_ADD_CLIENT = REPO / "benchmarks" / "results" / "sparse_training_graphs_h200_xla_path.json"
+DEFAULT_DISTINCT_CLIENT = DEFAULT_ADD_CLIENT.with_name(
+    "sparse_training_graphs_h200_xla_path_uniform.json")
 
 
 def _label(path: Path) -> str:
@@ -82,10 +94,12 @@ NOISE = 0.05
 PROVIDERS = {
     "ours_set": "set", "ours_add": "add", "ours_get": "gather",
     "xla_set": "set", "xla_add": "add", "xla_get": "gather",
-    # Evidence only, no table entry: how XLA's set path fares when the step reads back.
-    "ours_set_read": "set_read",
+    # Evidence only, no table entry: how XLA's path fares when the step reads back.
+    "ours_set_read": "set_read", "ours_add_read": "add_read",
 }
 OPS = ("set", "add", "gather")
+# The ops auto may run as XLA's own formulation (``pallas_pinned._registry``).
+XLA_PATH_OPS = ("set", "add")
 
 
 def _usable(r: dict) -> bool:
@@ -99,13 +113,14 @@ def _ran_kernel(r: dict) -> bool:
 def _class_times(records: list[dict]) -> dict:
     """``(op, dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"xla"|"auto": us}``.
 
-    ``auto`` counts only where it ran XLA's path: for set, where its step launched
-    none of our kernels; for ``set_read`` (its read is our kernel), where the same
-    run's set of that case did so.
+    ``auto`` counts only where it ran XLA's path: for set and add, where its step
+    launched none of our kernels; for ``set_read`` and ``add_read`` (their read is our
+    kernel), where the same run's write of that case did so.
     """
-    xla_path = {(r["dtype"], r["rows"], r["row_bytes"]) for r in records
-                if r["provider"] == "ours_set" and r.get("backend") == "auto" and _usable(r)
-                and not _ran_kernel(r)}
+    xla_path = {(PROVIDERS[r["provider"]], r["dtype"], r["rows"], r["row_bytes"])
+                for r in records
+                if r["provider"] in ("ours_set", "ours_add") and r.get("backend") == "auto"
+                and _usable(r) and not _ran_kernel(r)}
     times = defaultdict(lambda: defaultdict(dict))
     for r in records:
         op = PROVIDERS.get(r["provider"])
@@ -115,7 +130,9 @@ def _class_times(records: list[dict]) -> dict:
         if name not in ("pallas", "triton", "xla", "auto"):
             continue
         case = (r["dtype"], r["rows"], r["row_bytes"])
-        if name == "auto" and (case not in xla_path if op == "set_read" else _ran_kernel(r)):
+        reads = op.endswith("_read")
+        if name == "auto" and ((op.removesuffix("_read"), *case) not in xla_path if reads
+                               else _ran_kernel(r)):
             # auto ran one of our kernels in that run (its table said so then):
             # no measurement of XLA's path with our de-duplication.
             continue
@@ -150,15 +167,50 @@ def _xla_path_faster(full: list[dict], kernel: str, reads: dict | None) -> tuple
     return faster and not slower_read, f"read back: {'slower' if slower_read else 'not slower'}"
 
 
-def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None = None
+def client_verdict(run: dict | None, label: str = "") -> tuple[bool | None, str]:
+    """Whether the sparse-training client, run under a table with XLA's add path, was no
+    slower with it (``ours``) than with the kernels (``ours_kernels``) by more than the
+    noise; None where no such run measured it. Its steps read back the rows the last
+    step added, with Zipf ids that repeat: what the loop's add rows lack."""
+    where = f"the sparse-training client ({label})" if label else "the sparse-training client"
+    if run is None:
+        return None, f"{where}: unmeasured"
+    distinct = run["meta"].get("distinct_ids_per_step", {}).get("mean")
+    if distinct is not None:
+        where += (f", Zipf s={run['meta'].get('zipf_s')} ids, {distinct:.0f} distinct of "
+                  f"{run['meta'].get('batch')} per step")
+    if run["meta"].get("auto_choices", {}).get("add") != "xla":
+        return None, f"{where}: did not run XLA's add path"
+    us = {r["provider"]: r["us_per_step"] for r in run["records"] if _usable(r)}
+    if "ours" not in us or "ours_kernels" not in us:
+        return None, f"{where}: unmeasured"
+    ours, kernels = us["ours"], us["ours_kernels"]
+    slower = ours > kernels * (1 + NOISE)
+    return not slower, (f"{where}: {'slower' if slower else 'not slower'}, {ours:.1f} against "
+                        f"the kernels' {kernels:.1f} us per step")
+
+
+UNMEASURED_CLIENT = (None, "the sparse-training client: unmeasured")
+_VERDICT_WORDS = {True: "not slower", False: "slower", None: "unmeasured"}
+
+
+def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None = None,
+           add_client: tuple[bool | None, str] = UNMEASURED_CLIENT,
+           distinct_client: tuple[bool | None, str] = UNMEASURED_CLIENT,
            ) -> tuple[list[int], dict]:
     """``(size_classes, choices)`` from a loop run's records.
 
     ``xla_path_records`` (label -> records) are earlier runs in which ``auto``
-    ran XLA's path with our de-duplication: for a set class where the kernel
-    loses to XLA's bare set, and the source run has no such measurement, that
+    ran XLA's path with our de-duplication: for a set or add class where the kernel
+    loses to XLA's bare op, and the source run has no such measurement, that
     path is judged against the kernel of the same earlier run. Where no run
     measured it, the kernel stays (the entry says ``"xla_path": "unmeasured"``).
+    ``add_client`` (:func:`client_verdict`) must also be True for any add class to
+    take XLA's path: the entry's ``"client"`` says how it came out. Where it is not
+    but ``distinct_client`` (the client on ids that seldom repeat) is, the entry's
+    ``"distinct_backend"`` is ``xla``: what ``auto`` runs for rows known distinct. XLA's
+    add path does not de-duplicate, so the loop's unpromised rows (distinct, as its
+    rows always are) measured the very program a promised add runs.
     """
     times = _class_times(records)
     earlier = {label: _class_times(r) for label, r in (xla_path_records or {}).items()}
@@ -172,15 +224,22 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
         if not full:
             continue
         entry = {"backend": kernel, "cases": len(full)}
-        if op == "set" and not all(c[kernel] <= c["xla"] for c in full):
-            reads = ("set_read", dtype, rows)
+        if op in XLA_PATH_OPS and not all(c[kernel] <= c["xla"] for c in full):
+            reads = (f"{op}_read", dtype, rows)
             (verdict, read), source = _xla_path_faster(full, kernel, times.get(reads)), "this run"
             for label, other in earlier.items():
                 if verdict is None and key in other:
                     other_full, other_kernel, _ = _compared(other[key])
                     verdict, read = _xla_path_faster(other_full, other_kernel, other.get(reads))
                     source = label
-            if verdict:
+            taken = bool(verdict)
+            if op == "add":  # the loop's verdict alone does not decide add's
+                entry["client"], entry["distinct_client"] = (
+                    _VERDICT_WORDS[add_client[0]], _VERDICT_WORDS[distinct_client[0]])
+                if taken and distinct_client[0] and not add_client[0]:
+                    entry["distinct_backend"] = "xla"
+                taken = taken and bool(add_client[0])
+            if taken:
                 entry["backend"] = "xla"
             entry["xla_path"] = "unmeasured" if verdict is None else (
                 f"{'faster' if verdict else 'not faster'} than the kernel ({source}; {read})")
@@ -189,15 +248,17 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
     return classes, choices
 
 
-def xla_set_table(table: dict) -> dict:
-    """``table`` with XLA's path for every set class. A loop run under it (named by
-    ``$PALLAS_PINNED_BACKEND_TABLE``) measures that path in its ``auto`` set rows: the
-    evidence ``--xla-path-from`` reads (``benchmarks/gpu_session.sh`` stage ``xlaset``)."""
+def xla_path_table(table: dict) -> dict:
+    """``table`` with XLA's path for every set and add class. A loop run under it (named
+    by ``$PALLAS_PINNED_BACKEND_TABLE``) measures that path in its ``auto`` set and add
+    rows: the evidence ``--xla-path-from`` reads (``benchmarks/gpu_session.sh`` stage
+    ``xlapath``)."""
     forced = json.loads(json.dumps(table))
-    for sizes in forced["choices"].get("set", {}).values():
-        for entry in sizes.values():
-            entry["backend"] = "xla"
-    forced["note"] = "every set class forced to xla, to measure auto's XLA path"
+    for op in XLA_PATH_OPS:
+        for sizes in forced["choices"].get(op, {}).values():
+            for entry in sizes.values():
+                entry["backend"] = "xla"
+    forced["note"] = "every set and add class forced to xla, to measure auto's XLA path"
     return forced
 
 
@@ -210,33 +271,51 @@ def main(argv=None) -> int:
         help="earlier loop runs in which auto ran XLA's path with our de-duplication "
              f"(default: {DEFAULT_XLA_PATH.relative_to(REPO)})")
     parser.add_argument(
-        "--xla-set-table", type=Path, default=None, metavar="FILE",
-        help="only write the shipped table with XLA's path for every set class to FILE (run "
-             "a loop with $PALLAS_PINNED_BACKEND_TABLE=FILE to measure that path) and exit")
+        "--add-client-from", type=Path, default=DEFAULT_ADD_CLIENT,
+        help="a sparse-training run under a table with XLA's add path: add takes that path "
+             f"only where it was not slower there (default: {_label(DEFAULT_ADD_CLIENT)})")
+    parser.add_argument(
+        "--distinct-client-from", type=Path, default=DEFAULT_DISTINCT_CLIENT,
+        help="the same on ids that seldom repeat: decides add's distinct_backend (default: "
+             f"{_label(DEFAULT_DISTINCT_CLIENT)})")
+    parser.add_argument(
+        "--xla-path-table", type=Path, default=None, metavar="FILE",
+        help="only write the shipped table with XLA's path for every set and add class to "
+             "FILE (run a loop with $PALLAS_PINNED_BACKEND_TABLE=FILE to measure that path) "
+             "and exit")
     args = parser.parse_args(argv)
-    if args.xla_set_table:
-        args.xla_set_table.write_text(
-            json.dumps(xla_set_table(json.loads(TABLE.read_text())), indent=1) + "\n")
-        print(f"wrote {args.xla_set_table}: the shipped table, every set class on XLA's path")
+    if args.xla_path_table:
+        args.xla_path_table.write_text(
+            json.dumps(xla_path_table(json.loads(TABLE.read_text())), indent=1) + "\n")
+        print(f"wrote {args.xla_path_table}: the shipped table, every set and add class on "
+              "XLA's path")
         return 0
     run = json.loads(args.source.read_text())
     meta = run["meta"]
     earlier_paths = [DEFAULT_XLA_PATH] if args.xla_path_from is None else args.xla_path_from
     earlier = {_label(p): json.loads(p.read_text())["records"] for p in earlier_paths
                if p.resolve() != args.source.resolve() and p.exists()}
-    classes, choices = choose(run["records"], earlier)
+    clients = [client_verdict(json.loads(p.read_text()) if p.exists() else None, _label(p))
+               for p in (args.add_client_from, args.distinct_client_from)]
+    classes, choices = choose(run["records"], earlier, *clients)
     source = args.source.resolve()
     table = {
         "source": str(source.relative_to(REPO) if source.is_relative_to(REPO) else source),
         "xla_path_from": sorted(earlier),
+        "add_client_from": _label(args.add_client_from),
+        "distinct_client_from": _label(args.distinct_client_from),
+        "clients": {"add": clients[0][1], "distinct": clients[1][1]},
         "measured": {k: meta.get(k) for k in ("date_utc", "gpu_name", "jax", "triton",
                                              "jax_triton", "compiler_options")},
         "rule": (
             f"per size class: the kernel (triton only where faster than pallas by more than "
-            f"{NOISE:.0%}); for set, where the kernel is slower than XLA in any case, xla "
+            f"{NOISE:.0%}); for set and add, where the kernel is slower than XLA in any case, xla "
             f"only if ours with auto (XLA's path with our de-duplication, measured in this "
             f"run or else in xla_path_from) was faster than the kernel of the same run by "
-            f"more than {NOISE:.0%} in every case; unmeasured, the kernel stays"
+            f"more than {NOISE:.0%} in every case, not slower read back, and for add not slower "
+            f"in the sparse-training client (add_client_from) either; distinct_backend: the "
+            f"same for rows known distinct, judged by the client on ids that seldom repeat "
+            f"(distinct_client_from); unmeasured, the kernel stays"
         ),
         "size_classes": classes,
         "choices": choices,
@@ -248,12 +327,17 @@ def main(argv=None) -> int:
         print(f"  warning: {args.source} has no {op} rows timed with pallas and XLA: no {op} "
               "entry (auto uses Pallas); run python -m benchmarks.loop --backends "
               "pallas,triton on a GPU")
+    for name, text in table["clients"].items():
+        print(f"  {name} client: {text}")
     for op, dtypes in choices.items():
         for dtype, sizes in dtypes.items():
             for size, c in sizes.items():
                 times = ", ".join(f"{k[:-3]} {v} us" for k, v in sorted(c.items())
                                   if k.endswith("_us"))
                 note = f"; XLA's path {c['xla_path']}" if "xla_path" in c else ""
+                note += f"; the client: {c['client']}" if "client" in c else ""
+                note += (f"; distinct rows: {c['distinct_backend']}"
+                         if "distinct_backend" in c else "")
                 print(f"  {op} {dtype} <= {size} rows: {c['backend']} ({times}, "
                       f"{c['cases']} cases{note})")
     return 0

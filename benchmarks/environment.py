@@ -225,6 +225,14 @@ def parse_xla_option(text: str) -> tuple[str, Any]:
         return name, value
 
 
+def backend_table() -> str:
+    """The backend table ``auto`` follows: ``$PALLAS_PINNED_BACKEND_TABLE``'s path, else
+    "shipped" (as ``pallas_pinned._registry`` reads it)."""
+    from pallas_pinned._registry import TABLE_ENV
+
+    return os.environ.get(TABLE_ENV) or "shipped"
+
+
 def installed_version(package: str) -> str | None:
     """An installed distribution's version, without importing it (None: not installed)."""
     from importlib import metadata

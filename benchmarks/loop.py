@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 import time
 from pathlib import Path
@@ -221,19 +220,14 @@ def print_plan(args, grid: str, plan, dropped) -> None:
           f"buffer {report.format_bytes(args.buffer_bytes)}; rough GPU estimate "
           f"{cumulative[-1] if cumulative else 0:.0f} s; time budget "
           f"{args.time_budget_s or 'none'} s (about {fits} cases fit)", flush=True)
-    if backend_table() != "shipped":
-        print(f"  backend 'auto' follows ${TABLE_ENV}={backend_table()}, not the shipped table")
+    table = environment.backend_table()
+    if table != "shipped":
+        print(f"  backend 'auto' follows ${TABLE_ENV}={table}, not the shipped table")
     for case, why in dropped:
         print(f"  not planned: {case.name}: {why}")
     if args.dry_run:
         for case, s in zip(plan, cumulative, strict=True):
             print(f"  {case.name:24} by ~{s:5.0f} s")
-
-
-def backend_table() -> str:
-    """The backend table ``auto`` follows: ``$PALLAS_PINNED_BACKEND_TABLE``'s path, else
-    "shipped" (as ``pallas_pinned._registry`` reads it)."""
-    return os.environ.get(TABLE_ENV) or "shipped"
 
 
 # ---------------------------------------------------------------------------
@@ -324,7 +318,7 @@ def main(argv=None) -> int:
             "kernel_count_rule": hlo.COUNTING_RULE,
             "pcie_bytes_per_s": loop_floor.PCIE_BYTES_PER_S,
             "kernel_floor": loop_floor.FLOOR_RULE,
-            "compiler_options": args.compiler_options, "backend_table": backend_table(),
+            "compiler_options": args.compiler_options, "backend_table": environment.backend_table(),
             **environment.environment()}
     buf, started, records = PinnedBuffer(args.seed), time.monotonic(), []
     patterns = planned_patterns(args)

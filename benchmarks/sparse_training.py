@@ -63,6 +63,7 @@ from jax import lax
 
 import pallas_pinned as pp
 from benchmarks import environment, report, timing
+from pallas_pinned._registry import measured_choice
 
 MIB = 1 << 20
 # The device table first: the reference. "ours" is backend="auto" (what the
@@ -312,6 +313,11 @@ def main(argv=None) -> int:
             "warmup": args.warmup, "zipf_s": args.zipf_s, "lr": args.lr, "seed": args.seed,
             "tolerance": args.tolerance, "table_bytes": args.rows * row_bytes,
             "compiler_options": args.compiler_options,
+            # What ``ours`` ran: choose_backends reads a run under a table with XLA's add
+            # path as the client's verdict on that path.
+            "backend_table": environment.backend_table(),
+            "auto_choices": {op: measured_choice(op, jnp.float32, args.batch)
+                             for op in ("gather", "add")},
             "distinct_ids_per_step": {"mean": float(distinct.mean()), "min": int(distinct.min()),
                                       "max": int(distinct.max())},
             "pcie_gbps": args.pcie_gbps, "pcie_floor_us_per_step": floor_us,

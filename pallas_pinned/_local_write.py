@@ -103,16 +103,17 @@ def write_traced(x, operands, updates, call: WriteCall):
         and not plan.block_checked_at_run_time(call.mode, read=False)
         and plan.num_entries < call.thresholds.block_rows_from
     )
+    row_write = call.row_write()
     impl = _registry.choose(
         call.op, plan.kind, x, plan.num_entries, call.backend,
-        block_copy=call.thresholds.block_copy or one_copy,
+        block_copy=call.thresholds.block_copy or one_copy, distinct=row_write.rows_distinct,
     )
     if impl == "block":
         return _block.write(x, plan, operands, updates, op=call.op, mode=call.mode)
     rows = plan.rows(operands, call.mode, read=False)
     x2d = x.reshape(plan.num_rows, plan.width)
     updates2d = _write_rows.updates_2d(x.dtype, updates, plan.result_shape, plan.width)
-    return _write_rows.write(x2d, rows, updates2d, call.row_write(), impl).reshape(x.shape)
+    return _write_rows.write(x2d, rows, updates2d, row_write, impl).reshape(x.shape)
 
 
 # --- transformations -------------------------------------------------------------------

@@ -51,7 +51,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pallas_pinned import _placement
+from pallas_pinned import _placement, _rows
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -225,13 +225,18 @@ def _table() -> dict:
     return table
 
 
-def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None) -> str:
+def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None, *,
+                    distinct: bool = False) -> str:
     """The implementation the table measured fastest: ``"pallas"``, ``"triton"`` or ``"xla"``.
 
     The table lists, per op and dtype, size classes by their largest entry
     count (``"size_classes"``); a call falls in the first class that holds it
     (the last one beyond). Where the table says nothing: ``"pallas"``. min,
     max and mul read and write rows as add does: they follow add's entries.
+    ``distinct``: the rows are known distinct (``unique_indices=True``, or an index
+    form that cannot repeat a row); an entry's ``"distinct_backend"`` then decides,
+    where the table measured such rows apart (XLA's add path is fast on distinct rows
+    and slow on rows that repeat).
     """
     table = _table() if table is None else table
     op = {"min": "add", "max": "add", "mul": "add", "get": "gather"}.get(op, op)
@@ -239,26 +244,38 @@ def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None)
     bounds = table.get("size_classes", [])
     bound = next((b for b in bounds if num_entries <= b), bounds[-1] if bounds else None)
     entry = entries.get(str(bound))
-    return entry["backend"] if entry else "pallas"
+    if not entry:
+        return "pallas"
+    return entry.get("distinct_backend", entry["backend"]) if distinct else entry["backend"]
 
 
-def _auto_kernel(op: str, dtype, num_entries: int) -> str | None:
+def _auto_kernel(op: str, dtype, num_entries: int, distinct: bool = False) -> str | None:
     """``"pallas"``, ``"triton"``, ``"xla_native"``, or None (no kernel runs) for ``auto``."""
-    choice = measured_choice(op, dtype, num_entries)
-    if choice == "xla" and op == "set" and xla_host_path_trusted():
-        # Only set: XLA's own path gives the same bits there (the last write
-        # wins), and its cost does not grow with duplicate indices. Its add
-        # waits for the CPU when a later step reads the rows: XLA's own path took
-        # 699.3 us per step against our kernels' 70.5 in the sparse-training client
-        # (Zipf ids; benchmarks/results/sparse_training_h200_1652.json, 2026-12-03 16:52
-        # UTC), and 1.33-1.98x our time in the loop's add-then-read rows
-        # (benchmarks/results/loop_quick_h200_1650.json, 16:50 UTC).
+    choice = measured_choice(op, dtype, num_entries, distinct=distinct)
+    if choice == "xla" and _xla_path_serves(op, dtype) and xla_host_path_trusted():
         return "xla_native"
     if not pallas_triton_usable():
         return _without_pallas_triton()
     if choice == "triton" and raw_triton_usable():
         return "triton"
     return "pallas"
+
+
+def _xla_path_serves(op: str, dtype) -> bool:
+    """Whether XLA's own formulation gives what the kernels give, for a table's xla entry.
+
+    Set: the same bits (our de-duplication runs first, the last write wins), at a cost
+    that does not grow with duplicate indices. Add: the same sums up to the rounding
+    order of duplicates, where XLA adds in our accumulator's dtype (float32; bfloat16
+    sums would round at every step). min, max and mul follow add's entries but have no
+    XLA formulation here. The table takes XLA's path only where it was also measured
+    with the rows read back, since a later read waits for the host CPU's write, and for
+    add only where a real client measured it too: XLA's host add slows tenfold on ids
+    that repeat (``benchmarks.choose_backends``).
+    """
+    if op == "set":
+        return True
+    return op == "add" and _rows.add_accumulator_dtype(dtype) == jnp.dtype(dtype)
 
 
 @functools.cache
@@ -300,7 +317,8 @@ def _without_pallas_triton() -> str | None:
 
 
 def choose(
-    op: str, plan_kind: str, x: Any, num_entries: int, backend: str, *, block_copy: bool = False
+    op: str, plan_kind: str, x: Any, num_entries: int, backend: str, *, block_copy: bool = False,
+    distinct: bool = False,
 ) -> str:
     """The implementation that serves one traced call: a name of :data:`IMPLEMENTATIONS`.
 
@@ -311,7 +329,8 @@ def choose(
     switch of :class:`tuning.Thresholds`); for a host buffer what the table
     measured fastest (a kernel that can run here, or XLA's own formulation);
     XLA otherwise. A kernel choice still runs XLA off CUDA
-    (the caller wraps it in ``lax.platform_dependent``).
+    (the caller wraps it in ``lax.platform_dependent``). ``distinct``: the rows are
+    known distinct (:func:`measured_choice`).
     """
     if backend in KERNEL_BACKENDS:
         return backend
@@ -321,7 +340,7 @@ def choose(
         if name == "block" and block_ok:
             return name
         if name in ("pallas", "triton", "xla_native") and backend == "auto" and host:
-            picked = _auto_kernel(op, x.dtype, num_entries)
+            picked = _auto_kernel(op, x.dtype, num_entries, distinct)
             if picked is not None:
                 return picked
         if name == "xla":

@@ -93,20 +93,24 @@ def _xla(x2d, rows, updates2d, cfg: RowWrite):
 
 
 def _xla_native(x2d, rows, updates2d, cfg: RowWrite):
-    """XLA's own formulation of a set, ``x2d.at[rows].set(updates2d)``: what ``auto`` runs
-    where the table measured it faster (for a host buffer, XLA ships the data and applies
-    it on the CPU).
+    """XLA's own formulation of a set or an add, ``x2d.at[rows].set/add(updates2d)``: what
+    ``auto`` runs where the table measured it faster (for a host buffer, XLA ships the
+    data and applies it on the CPU, off the GPU's stream).
 
     The rows are normalized here, at full width, so XLA only ever sees rows in range or
     skip markers (its host path truncated 64-bit indices on the H200). XLA applies
     duplicate indices in no fixed order (on the H200 its host path kept other than the
-    last), so every row written again later is dropped first: the last occurrence wins,
-    as on every path.
+    last), so for a set every row written again later is dropped first: the last
+    occurrence wins, as on every path. An add sums duplicates in XLA's order, in the
+    buffer's dtype: ``auto`` takes it only where that is also our accumulator's
+    (float32, not bfloat16), so only the rounding order of duplicates may differ.
     """
-    if cfg.op != "set":
-        raise AssertionError(f"XLA's own path serves set only, not {cfg.op}")
+    if cfg.op not in ("set", "add"):
+        raise AssertionError(f"XLA's own path serves set and add only, not {cfg.op}")
     num_rows = x2d.shape[0]
     rows = _normalized(x2d, rows, cfg)
+    if cfg.op == "add":
+        return x2d.at[rows].add(updates2d, mode="drop", wrap_negative_indices=False)
     if not cfg.rows_distinct and rows.shape[0] > 1:
         # The threshold measured with this path on the H200 (2026-12-03) is add's.
         rows, src = _rows.drop_superseded(

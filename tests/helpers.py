@@ -129,7 +129,7 @@ KERNEL_BACKENDS = ["interpret", PALLAS, TRITON]
 # VALUE_BACKENDS runs it only where a GPU is seen. auto keeps its CPU cases
 # where it takes another route than "xla" (index forms that are blocks, device
 # memory) or where that platform_dependent meets jit, loops, donation, vmap or
-# grad; which route it picks: tests/test_backends.py.
+# grad; which route it picks: tests/test_backends.py and tests/test_xla_path.py.
 AUTO_REPEATS_XLA = "auto runs the xla case's code off CUDA"
 VALUE_BACKENDS = [
     "xla",

@@ -9,7 +9,7 @@ warning turning into an error) shows here first. Accelerating the deprecation
 
 from __future__ import annotations
 
-import functools
+import importlib.resources
 import json
 import os
 import subprocess
@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 import pallas_pinned as pp
-from pallas_pinned import _registry, _write_rows, tuning
+from pallas_pinned import _registry, tuning
 
 
 def _copy_kernel(x_ref, o_ref):
@@ -138,7 +138,6 @@ def test_gpu_auto_takes_the_raw_triton_kernels_when_pallas_triton_is_gone():
 def test_auto_follows_the_shipped_measured_table():
     # The table ships with the package and names the runs it was derived from;
     # re-deriving it from those committed runs gives the same table.
-    import importlib.resources
 
     from benchmarks import choose_backends
 
@@ -154,12 +153,18 @@ def test_auto_follows_the_shipped_measured_table():
     assert run["meta"]["compiler_options"].get("xla_gpu_graph_min_graph_size") == 1
     earlier = {label: json.loads((choose_backends.REPO / label).read_text())["records"]
                for label in shipped["xla_path_from"]}
-    classes, choices = choose_backends.choose(run["records"], earlier)
+    clients = [choose_backends.client_verdict(
+        json.loads((choose_backends.REPO / shipped[key]).read_text()), shipped[key])
+        for key in ("add_client_from", "distinct_client_from")]
+    assert shipped["clients"] == {"add": clients[0][1], "distinct": clients[1][1]}
+    classes, choices = choose_backends.choose(run["records"], earlier, *clients)
     assert (classes, choices) == (shipped["size_classes"], shipped["choices"])
     for op, dtypes in shipped["choices"].items():
         for dtype, sizes in dtypes.items():
             for size, entry in sizes.items():
                 assert _registry.measured_choice(op, dtype, int(size)) == entry["backend"]
+                assert _registry.measured_choice(op, dtype, int(size), distinct=True) == (
+                    entry.get("distinct_backend", entry["backend"]))
     # The same answer within a class: the smallest class that holds the count.
     bounds = shipped["size_classes"]
     for low, high in zip(bounds, bounds[1:], strict=False):
@@ -299,82 +304,15 @@ def test_gpu_without_pallas_triton_auto_runs_raw_triton():
     assert report["ok"] and report["auto"] == "triton", report
 
 
-def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch):
-    # Size classes by their largest entry count; "xla" entries make a set under
-    # auto run XLA's own x.at[rows].set(y). The formulation itself (reachable
-    # for every op) is jnp's arithmetic, checked bit for bit against jnp here.
-    table = {
-        "size_classes": [16, 4096],
-        "choices": {
-            "set": {"float32": {"16": {"backend": "xla"}, "4096": {"backend": "pallas"}}},
-            "add": {"float32": {"16": {"backend": "xla"}}},
-        },
-    }
-    monkeypatch.setattr(_registry, "_table", lambda: table)
-    monkeypatch.setattr(_registry, "xla_host_path_trusted", lambda: True)
-    assert _registry.measured_choice("set", "float32", 3) == "xla"
-    assert _registry.measured_choice("set", "float32", 17) == "pallas"
-    assert _registry.measured_choice("set", "float32", 10**6) == "pallas"  # Beyond: the last.
-    assert _registry.measured_choice("max", "float32", 3) == "xla"  # Follows add.
-    assert _registry.measured_choice("get", "float32", 3) == "pallas"  # Not measured.
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
-    x0 = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)
-    assert _registry.choose("set", "axis0", jax.device_put(x0, host), 5, "auto") == "xla_native"
-    # Only set takes it: add stays on the kernels whatever the table says.
-    assert _registry.choose("add", "axis0", jax.device_put(x0, host), 5, "auto") == "pallas"
-    # XLA's own formulation (run on CUDA; called directly here): the last duplicate wins
-    # whatever order XLA applies them in (it drops every superseded one first), in each
-    # mode, on both de-duplication paths (the fused n x n one and the sort).
-    from pallas_pinned.testing import scatter_oracle
-
-    idx = np.array([1, 1, 1, -1, 9, 2, 1], np.int32)  # duplicates, negative, outside
-    upd = np.random.default_rng(1).standard_normal((7, 3)).astype(np.float32) * 1e3
-    for small_max in (1024, 2):
-        for mode in (None, "clip"):
-            cfg = _write_rows.RowWrite(
-                "set", mode, False, False, tuning.Thresholds(small_combine_max=small_max)
-            )
-            want = scatter_oracle(x0, idx, upd, mode)
-            native = functools.partial(_write_rows._xla_native, cfg=cfg)
-            for run in (native, jax.jit(native)):  # eagerly and under jit
-                got = run(jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd))
-                assert np.asarray(got).tobytes() == want.tobytes(), (small_max, mode, run)
-    with pytest.raises(AssertionError, match="set only"):
-        _write_rows._xla_native(
-            jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd),
-            _write_rows.RowWrite("add", None, False, False, tuning.current()),
-        )
-
-
-def test_xla_s_own_path_is_trusted_only_on_the_measured_release(monkeypatch):
-    # XLA's handling of dynamic indices into host memory changes between
-    # releases (older ones abort): the table's xla entries count only on the
-    # release they were measured on, and never with host compute disabled.
-    def trusted(measured_jax, flags=""):
-        monkeypatch.setattr(_registry, "_table", lambda: {"measured": {"jax": measured_jax}})
-        monkeypatch.setenv("XLA_FLAGS", flags)
-        _registry.xla_host_path_trusted.cache_clear()
-        try:
-            return _registry.xla_host_path_trusted()
-        finally:
-            _registry.xla_host_path_trusted.cache_clear()
-
-    assert trusted(jax.__version__)
-    assert not trusted("0.4.30")
-    assert not trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload=true")
-    assert not trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload")
-    assert trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload=false")
-
-
 def test_auto_copies_small_blocks_and_writes_large_ones_as_rows(monkeypatch):
     # A block set that needs no run-time check is one copy below
     # tuning.block_rows_from rows and kernel rows from there on (measured faster).
     seen = []
     real_choose = _registry.choose
 
-    def spy(op, plan_kind, x, num_entries, backend, *, block_copy=False):
-        seen.append((num_entries, block_copy))
-        return real_choose(op, plan_kind, x, num_entries, backend, block_copy=block_copy)
+    def spy(op, plan_kind, x, num_entries, backend, **kwargs):
+        seen.append((num_entries, kwargs["block_copy"]))
+        return real_choose(op, plan_kind, x, num_entries, backend, **kwargs)
 
     monkeypatch.setattr(_registry, "choose", spy)
     host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")

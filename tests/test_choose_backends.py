@@ -30,9 +30,10 @@ def test_choose_backends_covers_set_add_and_gather():
     classes, choices = choose_backends.choose(records)
     assert classes == [16, 4096]
     assert choices["set"]["float32"]["16"]["backend"] == "pallas"  # faster than XLA
-    # 2 % faster is within the noise: Pallas stays; add never takes XLA's own
-    # path (it loses the sparse-training client with duplicates), even here.
+    # 2 % faster is within the noise: Pallas stays. XLA's bare add beats the kernel,
+    # but XLA's path as auto runs it was not measured: the kernel stays.
     assert choices["add"]["float32"]["4096"]["backend"] == "pallas"
+    assert choices["add"]["float32"]["4096"]["xla_path"] == "unmeasured"
     assert choices["gather"]["float32"]["16"] == {
         "backend": "triton", "pallas_us": 30.0, "triton_us": 20.0, "xla_us": 25.0,
         "auto_us": 1.0, "cases": 1}
@@ -90,20 +91,89 @@ def test_choose_backends_takes_xla_s_set_path_only_where_a_read_back_does_not_lo
     assert entry["xla_path"] == "unmeasured"
 
 
-def test_choose_backends_writes_the_table_that_measures_xla_s_set_path(tmp_path, backend_table):
-    # --xla-set-table: the shipped table with every set class on XLA's path, which auto
-    # follows under $PALLAS_PINNED_BACKEND_TABLE (gpu_session.sh stage xlaset).
+def test_choose_backends_writes_the_table_that_measures_xla_s_path(tmp_path, backend_table):
+    # --xla-path-table: the shipped table with every set and add class on XLA's path,
+    # which auto follows under $PALLAS_PINNED_BACKEND_TABLE (gpu_session.sh stage xlapath).
     from pallas_pinned import _registry
 
-    out = tmp_path / "xla_set.json"
-    assert choose_backends.main(["--xla-set-table", str(out)]) == 0
+    out = tmp_path / "xla_path.json"
+    assert choose_backends.main(["--xla-path-table", str(out)]) == 0
     shipped = json.loads(choose_backends.TABLE.read_text())
     forced = json.loads(out.read_text())
-    assert forced["choices"]["add"] == shipped["choices"]["add"]
+    assert forced["choices"]["gather"] == shipped["choices"]["gather"]
     backend_table(out)
     for size in shipped["size_classes"]:
         assert _registry.measured_choice("set", "float32", size) == "xla"
-    assert _registry.measured_choice("add", "float32", 64) == "pallas"
+        assert _registry.measured_choice("add", "float32", size) == "xla"
+    assert _registry.measured_choice("get", "float32", 64) == "pallas"
+
+
+def test_choose_backends_judges_xla_s_add_path_as_its_set_path():
+    # Add follows set's rule: XLA's path as auto ran it (no kernel in its step) must beat
+    # the kernel by more than the noise, and its add-then-read rows must not lose.
+    def run(read_us):
+        return [
+            _row("ours_add", "pallas", 64, 10.0), _row("xla_add", "-", 64, 7.0),
+            _row("ours_add", "auto", 64, 7.5) | {"hlo_ops": {"fusion": 2}},
+            _row("ours_add_read", "pallas", 64, 14.0),
+            _row("ours_add_read", "auto", 64, read_us) | {"hlo_ops": {"fusion": 2}},
+        ]
+    client_agrees = (True, "the sparse-training client: not slower")
+    entry = choose_backends.choose(run(14.5), add_client=client_agrees)[1]["add"]["float32"]["64"]
+    assert entry["backend"] == "xla" and "read back: not slower" in entry["xla_path"]
+    entry = choose_backends.choose(run(20.0), add_client=client_agrees)[1]["add"]["float32"]["64"]
+    assert entry["backend"] == "pallas" and "read back: slower" in entry["xla_path"]
+    # The set's evidence says nothing of add's.
+    as_set = [dict(r, provider=r["provider"].replace("add", "set")) if r["backend"] == "auto"
+              and r["provider"] == "ours_add" else r for r in run(14.5)]
+    entry = choose_backends.choose(as_set)[1]["add"]["float32"]["64"]
+    assert entry["backend"] == "pallas" and entry["xla_path"] == "unmeasured"
+
+
+def _client_run(ours_us, kernels_us, add_choice="xla"):
+    records = [{"provider": "ours", "status": "ok", "us_per_step": ours_us, "correct": True},
+               {"provider": "ours_kernels", "status": "ok", "us_per_step": kernels_us,
+                "correct": True}]
+    return {"meta": {"auto_choices": {"gather": "pallas", "add": add_choice}},
+            "records": records}
+
+
+def test_choose_backends_keeps_add_on_the_kernel_unless_the_sparse_client_agrees():
+    # The loop says XLA's add path wins (faster, read back not slower); the real client
+    # (Zipf ids that repeat, each step reading the last one's rows) decides as well.
+    records = [
+        _row("ours_add", "pallas", 64, 10.0), _row("xla_add", "-", 64, 7.0),
+        _row("ours_add", "auto", 64, 7.5) | {"hlo_ops": {"fusion": 2}},
+        _row("ours_add_read", "pallas", 64, 14.0),
+        _row("ours_add_read", "auto", 64, 14.0) | {"hlo_ops": {"fusion": 2}},
+    ]
+
+    def entry(client):
+        return choose_backends.choose(records, add_client=client)[1]["add"]["float32"]["64"]
+
+    slower = choose_backends.client_verdict(_client_run(720.6, 72.9), "run.json")
+    assert slower == (False, "the sparse-training client (run.json): slower, 720.6 against "
+                             "the kernels' 72.9 us per step")
+    assert entry(slower)["backend"] == "pallas"
+    assert entry(slower)["client"] == "slower"
+    assert "distinct_backend" not in entry(slower)  # no client on distinct ids either
+    assert "faster than the kernel" in entry(slower)["xla_path"]  # the loop's own verdict
+    # Within the noise: not slower, so XLA's path is taken.
+    assert entry(choose_backends.client_verdict(_client_run(75.0, 72.9)))["backend"] == "xla"
+    # A client run that did not take XLA's add path, or none at all, measured nothing.
+    for unmeasured in (choose_backends.client_verdict(_client_run(70.0, 72.9, "pallas")),
+                       choose_backends.client_verdict(None)):
+        assert unmeasured[0] is None
+        assert entry(unmeasured)["backend"] == "pallas"
+    # On ids that seldom repeat the client agreed: rows known distinct take XLA's path.
+    distinct = choose_backends.choose(records, add_client=slower, distinct_client=(
+        True, "uniform ids: not slower"))[1]["add"]["float32"]["64"]
+    assert distinct["backend"] == "pallas" and distinct["distinct_backend"] == "xla"
+    assert distinct["distinct_client"] == "not slower"
+    # Set never asks the client.
+    as_set = [dict(r, provider=r["provider"].replace("add", "set")) for r in records]
+    set_entry = choose_backends.choose(as_set, add_client=slower)[1]["set"]["float32"]["64"]
+    assert set_entry["backend"] == "xla" and "client" not in set_entry
 
 
 def test_choose_backends_ignores_auto_rows_that_ran_a_kernel():
