@@ -94,9 +94,14 @@ NOISE = 0.05
 PROVIDERS = {
     "ours_set": "set", "ours_add": "add", "ours_get": "gather",
     "xla_set": "set", "xla_add": "add", "xla_get": "gather",
-    # Evidence only, no table entry: how XLA's path fares when the step reads back.
+    # Evidence only, no table entry: how XLA's path fares when the step reads back, and
+    # on rows promised distinct (an entry's distinct_backend).
     "ours_set_read": "set_read", "ours_add_read": "add_read",
+    "ours_set_unique": "set_distinct", "ours_add_unique": "add_distinct",
+    "ours_set_unique_read": "set_distinct_read", "ours_add_unique_read": "add_distinct_read",
 }
+# The providers whose auto rows, with no kernel of ours in the step, measured XLA's path.
+_WRITES = ("ours_set", "ours_add", "ours_set_unique", "ours_add_unique")
 OPS = ("set", "add", "gather")
 # The ops auto may run as XLA's own formulation (``pallas_pinned._registry``).
 XLA_PATH_OPS = ("set", "add")
@@ -113,13 +118,13 @@ def _ran_kernel(r: dict) -> bool:
 def _class_times(records: list[dict]) -> dict:
     """``(op, dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"xla"|"auto": us}``.
 
-    ``auto`` counts only where it ran XLA's path: for set and add, where its step
-    launched none of our kernels; for ``set_read`` and ``add_read`` (their read is our
-    kernel), where the same run's write of that case did so.
+    ``auto`` counts only where it ran XLA's path: for a write, where its step
+    launched none of our kernels; for a write read back (the read is our kernel),
+    where the same run's write of that case did so.
     """
     xla_path = {(PROVIDERS[r["provider"]], r["dtype"], r["rows"], r["row_bytes"])
                 for r in records
-                if r["provider"] in ("ours_set", "ours_add") and r.get("backend") == "auto"
+                if r["provider"] in _WRITES and r.get("backend") == "auto"
                 and _usable(r) and not _ran_kernel(r)}
     times = defaultdict(lambda: defaultdict(dict))
     for r in records:
@@ -213,7 +218,8 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
     rows always are) measured the very program a promised add runs.
     """
     times = _class_times(records)
-    earlier = {label: _class_times(r) for label, r in (xla_path_records or {}).items()}
+    sources = {"this run": times} | {label: _class_times(r)
+                                     for label, r in (xla_path_records or {}).items()}
     classes = sorted({rows for (op, _, rows) in times if op in OPS})
     choices: dict = {}
     for key, cases in sorted(times.items()):
@@ -224,28 +230,64 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
         if not full:
             continue
         entry = {"backend": kernel, "cases": len(full)}
-        if op in XLA_PATH_OPS and not all(c[kernel] <= c["xla"] for c in full):
-            reads = (f"{op}_read", dtype, rows)
-            (verdict, read), source = _xla_path_faster(full, kernel, times.get(reads)), "this run"
-            for label, other in earlier.items():
-                if verdict is None and key in other:
-                    other_full, other_kernel, _ = _compared(other[key])
-                    verdict, read = _xla_path_faster(other_full, other_kernel, other.get(reads))
-                    source = label
-            taken = bool(verdict)
-            if op == "add":  # the loop's verdict alone does not decide add's
-                entry["client"], entry["distinct_client"] = (
-                    _VERDICT_WORDS[add_client[0]], _VERDICT_WORDS[distinct_client[0]])
-                if taken and distinct_client[0] and not add_client[0]:
-                    entry["distinct_backend"] = "xla"
-                taken = taken and bool(add_client[0])
-            if taken:
-                entry["backend"] = "xla"
-            entry["xla_path"] = "unmeasured" if verdict is None else (
-                f"{'faster' if verdict else 'not faster'} than the kernel ({source}; {read})")
+        if op in XLA_PATH_OPS:
+            _judge_xla_path(entry, key, full, kernel, sources, add_client, distinct_client)
         entry.update({f"{k}_us": round(v, 1) for k, v in totals.items()})
         choices.setdefault(op, {}).setdefault(dtype, {})[str(rows)] = entry
     return classes, choices
+
+
+def _path_verdict(key: tuple, kernel: str, sources: dict) -> tuple[bool | None, str]:
+    """XLA's path for ``key`` (op, dtype, rows), judged in the first of ``sources`` (label
+    -> class times) that measured it, against that run's kernel (``kernel`` where it
+    ran, else Pallas)."""
+    op, dtype, rows = key
+    for label, run in sources.items():
+        cases = [c for c in run.get(key, {}).values()]
+        own = kernel if any(kernel in c for c in cases) else "pallas"
+        verdict, read = _xla_path_faster([c for c in cases if own in c], own,
+                                         run.get((f"{op}_read", dtype, rows)))
+        if verdict is not None:
+            return verdict, (f"{'faster' if verdict else 'not faster'} than the kernel "
+                             f"({label}; {read})")
+    return None, "unmeasured"
+
+
+def _judge_xla_path(entry: dict, key: tuple, full: list[dict], kernel: str, sources: dict,
+                    add_client: tuple, distinct_client: tuple) -> None:
+    """Fills a set or add entry's ``backend`` and ``distinct_backend`` from XLA's path.
+
+    XLA's path is judged only where the kernel lost to XLA's bare op in some case: for
+    rows known distinct, with the kernel told so (``ours_*_unique``), where measured.
+    Add also needs the client's word (:func:`choose`).
+    """
+    op, dtype, rows = key
+    verdict = None
+    if not all(c[kernel] <= c["xla"] for c in full):
+        verdict, entry["xla_path"] = _path_verdict(key, kernel, sources)
+    distinct_cases = sources["this run"].get((f"{op}_distinct", dtype, rows), {})
+    promised = [c | {"xla": bare["xla"]} for case, bare in sources["this run"][key].items()
+                if "xla" in bare and kernel in (c := distinct_cases.get(case, {}))]
+    distinct_verdict = None
+    if promised and not all(c[kernel] <= c["xla"] for c in promised):
+        distinct_verdict, entry["distinct_xla_path"] = _path_verdict(
+            (f"{op}_distinct", dtype, rows), kernel, sources)
+    if op == "add":  # the loop's verdict alone does not decide add's
+        if distinct_verdict is None and verdict is not None:
+            # XLA's add path does not de-duplicate: unpromised rows, distinct as the
+            # loop's always are, ran the very program a promised add runs.
+            distinct_verdict = verdict
+            entry["distinct_xla_path"] = "as xla_path (the same program)"
+        entry["client"], entry["distinct_client"] = (
+            _VERDICT_WORDS[add_client[0]], _VERDICT_WORDS[distinct_client[0]])
+        verdict = verdict and bool(add_client[0])
+        distinct_verdict = distinct_verdict and bool(distinct_client[0])
+    if verdict:
+        entry["backend"] = "xla"
+    if distinct_verdict is not None:
+        distinct = "xla" if distinct_verdict else kernel
+        if distinct != entry["backend"]:
+            entry["distinct_backend"] = distinct
 
 
 def xla_path_table(table: dict) -> dict:
@@ -258,6 +300,7 @@ def xla_path_table(table: dict) -> dict:
         for sizes in forced["choices"].get(op, {}).values():
             for entry in sizes.values():
                 entry["backend"] = "xla"
+                entry.pop("distinct_backend", None)  # rows promised distinct too
     forced["note"] = "every set and add class forced to xla, to measure auto's XLA path"
     return forced
 

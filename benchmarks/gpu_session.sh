@@ -81,7 +81,7 @@ for stage in $stages; do
       python3 -m benchmarks.choose_backends --xla-path-table /tmp/xla_path_table.json
       PALLAS_PINNED_BACKEND_TABLE=/tmp/xla_path_table.json timeout 300 python3 -m benchmarks.loop \
         --quick --backends pallas --patterns none \
-        --providers baseline,floor_launch,xla_set,ours_set,xla_set_read,ours_set_read,xla_add,ours_add,xla_add_read,ours_add_read \
+        --providers baseline,floor_launch,xla_set,ours_set,xla_set_read,ours_set_read,xla_add,ours_add,xla_add_read,ours_add_read,ours_set_unique,ours_set_unique_read,ours_add_unique,ours_add_unique_read \
         --xla-option xla_gpu_graph_min_graph_size=1 --out /tmp/bench_xla_path \
         > "$OUT/bench_xla_path.log" 2>&1; echo "xlapath rc=$?"
       tail -35 "$OUT/bench_xla_path.log"

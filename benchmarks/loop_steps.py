@@ -22,8 +22,9 @@ the device, then writes (or, for the baseline, does not):
   (``benchmarks/loop_floor.py``): its ``op_cost_us`` is what any in-stream
   kernel adds to the step, the floor of our writes.
 * the read-after-write providers (``xla_add_read``, ``ours_add_read``,
-  ``xla_set_read``, ``ours_set_read``) add or set the updates at the step's
-  rows, then read those rows back and carry them (with the buffer), as a
+  ``xla_set_read``, ``ours_set_read``, and ``ours_set_unique_read`` /
+  ``ours_add_unique_read``, whose write promises unique indices) add or set
+  the updates at the step's rows, then read those rows back and carry them (with the buffer), as a
   client that uses what it wrote must (a KV cache, a replay buffer): XLA's
   host add and set (which ``auto`` may run for a set) are off the GPU's path
   only while nobody reads the rows.
@@ -69,6 +70,8 @@ PROVIDERS = (
     LoopProvider("ours_add_read", "add_read", True),
     LoopProvider("xla_set_read", "set_read", False),
     LoopProvider("ours_set_read", "set_read", True),
+    LoopProvider("ours_set_unique_read", "set_read", True),
+    LoopProvider("ours_add_unique_read", "add_read", True),
 )
 # The read-after-write ops: the op written, then its rows read back.
 READS_BACK = ("add_read", "set_read")
@@ -88,8 +91,9 @@ def _xla_get(x, i):
 def read_fn(name: str, backend: str) -> Callable:
     """``read(x, i) -> rows`` of a gather or read-after-write provider."""
     ours = functools.partial(pp.gather_from_host, backend=backend)
-    return {"xla_get": _xla_get, "ours_get": ours, "xla_add_read": _xla_get,
-            "ours_add_read": ours, "xla_set_read": _xla_get, "ours_set_read": ours}[name]
+    if name.startswith("ours_"):
+        return ours
+    return {"xla_get": _xla_get, "xla_add_read": _xla_get, "xla_set_read": _xla_get}[name]
 
 
 def write_fn(name: str, backend: str) -> Callable:

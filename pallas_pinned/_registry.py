@@ -235,8 +235,8 @@ def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None,
     max and mul read and write rows as add does: they follow add's entries.
     ``distinct``: the rows are known distinct (``unique_indices=True``, or an index
     form that cannot repeat a row); an entry's ``"distinct_backend"`` then decides,
-    where the table measured such rows apart (XLA's add path is fast on distinct rows
-    and slow on rows that repeat).
+    where the table measured such rows apart (XLA's set path skips our
+    de-duplication there, and its add is slow on rows that repeat).
     """
     table = _table() if table is None else table
     op = {"min": "add", "max": "add", "mul": "add", "get": "gather"}.get(op, op)

@@ -105,6 +105,8 @@ def test_choose_backends_writes_the_table_that_measures_xla_s_path(tmp_path, bac
     for size in shipped["size_classes"]:
         assert _registry.measured_choice("set", "float32", size) == "xla"
         assert _registry.measured_choice("add", "float32", size) == "xla"
+        for op in ("set", "add"):
+            assert _registry.measured_choice(op, "float32", size, distinct=True) == "xla"
     assert _registry.measured_choice("get", "float32", 64) == "pallas"
 
 
@@ -212,3 +214,32 @@ def test_choose_backends_ignores_the_floor_and_the_read_after_write_rows():
     assert choose_backends.choose(extra) == ([], {})
 
 
+
+
+def test_choose_backends_judges_rows_promised_distinct_apart():
+    # A set promised unique skips our de-duplication: XLA's path may win there where the
+    # de-duplicating one loses. Judged on the ours_set_unique rows (auto with no kernel
+    # in its step, against the kernel told the same), read back included.
+    def run(distinct_read_us):
+        return [
+            _row("xla_set", "-", 1024, 25.0),
+            _row("ours_set", "pallas", 1024, 29.0),
+            _row("ours_set", "auto", 1024, 51.0) | {"hlo_ops": {"fusion": 2}},
+            _row("ours_set_unique", "pallas", 1024, 28.0),
+            _row("ours_set_unique", "auto", 1024, 25.5) | {"hlo_ops": {"fusion": 2}},
+            _row("ours_set_unique_read", "pallas", 1024, 50.0),
+            _row("ours_set_unique_read", "auto", 1024, distinct_read_us),
+        ]
+
+    entry = choose_backends.choose(run(50.5))[1]["set"]["float32"]["1024"]
+    assert entry["backend"] == "pallas" and "not faster" in entry["xla_path"]
+    assert entry["distinct_backend"] == "xla"
+    assert entry["distinct_xla_path"].startswith("faster than the kernel (this run")
+    # Read back slower: the kernel serves distinct rows as well.
+    entry = choose_backends.choose(run(60.0))[1]["set"]["float32"]["1024"]
+    assert "distinct_backend" not in entry and "read back: slower" in entry["distinct_xla_path"]
+    # The promised kernel no slower than XLA's bare set: nothing to judge.
+    fast = [dict(r, us_per_step=24.0) if (r["provider"], r["backend"]) ==
+            ("ours_set_unique", "pallas") else r for r in run(50.5)]
+    entry = choose_backends.choose(fast)[1]["set"]["float32"]["1024"]
+    assert "distinct_backend" not in entry and "distinct_xla_path" not in entry
