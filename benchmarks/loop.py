@@ -169,12 +169,19 @@ def run_case(args, buf: PinnedBuffer, case: LoopCase, started: float, progress) 
 
 def plan_cases(args) -> tuple[str, list[LoopCase], list[tuple[LoopCase, str]]]:
     """The grid's name, its planned cases (most wanted first) and the dropped ones."""
-    if args.rows or args.row_bytes or args.dtypes:
+    if args.rows or args.row_bytes:
         grid = "custom"
         picked = {LoopCase(r, b, d) for r in args.rows or (1024,)
                   for b in args.row_bytes or (1024,) for d in args.dtypes or ("float32",)}
         order = {c: k for k, c in enumerate(LOOP_CASES)}
         wanted = sorted(picked, key=lambda c: (order.get(c, len(order)), c.rows, c.row_bytes))
+    elif args.dtypes:
+        # The chosen grid's (rows, row bytes) in these dtypes: --quick --dtypes bfloat16
+        # is the issue's grid in bfloat16 (it was one 1024 x 1 KiB case before).
+        base = LOOP_CPU_CASES if not args.gpu else LOOP_TARGETS if args.quick else LOOP_CASES
+        shapes = dict.fromkeys((c.rows, c.row_bytes) for c in base)
+        grid = "custom"
+        wanted = [LoopCase(r, b, d) for d in args.dtypes for r, b in shapes]
     elif not args.gpu:
         grid, wanted = "cpu", list(LOOP_CPU_CASES)
     elif args.quick:

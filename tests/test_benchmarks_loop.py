@@ -266,6 +266,20 @@ def test_the_default_cpu_plan_is_the_cpu_grid_and_every_pattern():
     assert loop.planned_patterns(custom) == []  # a custom grid runs no pattern unless asked
 
 
+def test_dtypes_alone_run_the_chosen_grid_s_shapes_in_those_dtypes():
+    # --quick --dtypes bfloat16 is the grid in bfloat16 (it once ran one case).
+    quick = loop.with_defaults(loop.parse_args(["--quick", "--dtypes", "bfloat16"]), gpu=True)
+    grid, plan, _ = loop.plan_cases(quick)
+    assert grid == "custom"
+    assert plan == [testing.LoopCase(c.rows, c.row_bytes, "bfloat16")
+                    for c in testing.LOOP_TARGETS]
+    # With --rows or --row-bytes the grid is their cross product, as before.
+    crossed = loop.with_defaults(
+        loop.parse_args(["--rows", "5,64", "--row-bytes", "4", "--dtypes", "bfloat16"]), gpu=True)
+    assert loop.plan_cases(crossed)[1] == [testing.LoopCase(5, 4, "bfloat16"),
+                                           testing.LoopCase(64, 4, "bfloat16")]
+
+
 @needs_index_grammar
 def test_a_pattern_case_is_timed_interleaved_in_rounds(monkeypatch):
     # Timed one provider after the other, drift of the machine lands on one of
