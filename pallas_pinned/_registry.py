@@ -231,7 +231,8 @@ def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None,
 
     The table lists, per op and dtype, size classes by their largest entry
     count (``"size_classes"``); a call falls in the first class that holds it
-    (the last one beyond). Where the table says nothing: ``"pallas"``. min,
+    (the last one beyond, except that XLA's path is never taken beyond the
+    measured classes). Where the table says nothing: ``"pallas"``. min,
     max and mul read and write rows as add does: they follow add's entries.
     ``distinct``: the rows are known distinct (``unique_indices=True``, or an index
     form that cannot repeat a row); an entry's ``"distinct_backend"`` then decides,
@@ -242,11 +243,18 @@ def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None,
     op = {"min": "add", "max": "add", "mul": "add", "get": "gather"}.get(op, op)
     entries = table["choices"].get(op, {}).get(str(jnp.dtype(dtype)), {})
     bounds = table.get("size_classes", [])
-    bound = next((b for b in bounds if num_entries <= b), bounds[-1] if bounds else None)
-    entry = entries.get(str(bound))
+    bound = next((b for b in bounds if num_entries <= b), None)
+    beyond = bound is None  # more entries than any measured class
+    entry = entries.get(str(bounds[-1] if beyond and bounds else bound))
     if not entry:
         return "pallas"
-    return entry.get("distinct_backend", entry["backend"]) if distinct else entry["backend"]
+    choice = entry.get("distinct_backend", entry["backend"]) if distinct else entry["backend"]
+    if beyond and choice == "xla":
+        # XLA's host path was measured up to the last class only, and XLA's own one-shot
+        # add of 256 Ki and 4 Mi rows took 1.8x and 7.9x the kernels' time
+        # (benchmarks.gather_add, 2026-12-03): the kernels serve beyond.
+        return entry["backend"] if entry["backend"] != "xla" else "pallas"
+    return choice
 
 
 def _auto_kernel(op: str, dtype, num_entries: int, distinct: bool = False) -> str | None:

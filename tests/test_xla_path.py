@@ -98,6 +98,8 @@ def test_auto_gives_add_s_xla_path_to_rows_known_distinct_only(monkeypatch):
     monkeypatch.setattr(_registry, "pallas_triton_usable", lambda: True)
     assert _registry.measured_choice("add", "float32", 3) == "pallas"
     assert _registry.measured_choice("add", "float32", 3, distinct=True) == "xla"
+    # Beyond the measured classes XLA's path is unmeasured: the kernel serves.
+    assert _registry.measured_choice("add", "float32", 17, distinct=True) == "pallas"
     assert _registry.measured_choice("max", "float32", 3, distinct=True) == "xla"  # Follows add.
     host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
     x0 = np.random.default_rng(3).standard_normal((13, 5)).astype(np.float32)
