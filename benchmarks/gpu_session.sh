@@ -5,20 +5,20 @@
 # Stages: tests quick full demo gatheradd loop loopgraphs xlapath sparse tune notebooks
 # Rough times (each stage's timeout in brackets): tests <= 5.5 min [330 s], quick ~2 [420 s],
 # full ~6 [420 s], demo < 1 [200 s], gatheradd ~1 [200 s], loop ~5 [420 s],
-# loopgraphs ~3 [420 s], xlapath ~3 [540 s], sparse ~1 [240 s], tune ~3 [360 s], notebooks ~2
+# loopgraphs ~3 [420 s], xlapath ~3 [570 s], sparse ~1 [240 s], tune ~3 [360 s], notebooks ~2
 # [200 s each]. The
-# sum of the timeouts of "tests loop sparse" is 16.5 min; of every stage ~67 min (more than
+# sum of the timeouts of "tests loop sparse" is 16.5 min; of every stage ~68 min (more than
 # one 30-minute lease).
 # Where one command may run 10 min at most, split the stages over calls whose timeouts fit:
 #   "tests sparse" (9.5 min), "loop" (7), "loopgraphs" (7), "full" (7), "quick" (7),
-#   "gatheradd demo" (6.7), "xlapath" (9), "tune" (6), "notebooks" (10).
+#   "gatheradd demo" (6.7), "xlapath" (9.5), "tune" (6), "notebooks" (10).
 # LOOP_ARGS (default "--backends pallas,triton", gather included) is passed to the loop stage
 # and to loopgraphs, which also gives every scan xla_gpu_graph_min_graph_size=1 (the step's
 # kernels as one CUDA graph, as a real step's are: the run benchmarks.choose_backends
 # reads); SPARSE_ARGS to the sparse stage. xlapath measures XLA's own set and add path as auto
 # runs it (a table with it for every set and add class, graphed, read-back rows included), then
-# the sparse-training client under that table: the evidence choose_backends reads with
-# --xla-path-from and --add-client-from.
+# the sparse-training client under that table on Zipf and on uniform ids: the evidence
+# choose_backends reads with --xla-path-from, --add-client-from and --distinct-client-from.
 # jax-triton is carried as a wheel in .whl/ (the machine has no registry).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -79,19 +79,24 @@ for stage in $stages; do
     xlapath)
       log "bench loop, XLA's set and add path as auto, command buffers"
       python3 -m benchmarks.choose_backends --xla-path-table /tmp/xla_path_table.json
-      PALLAS_PINNED_BACKEND_TABLE=/tmp/xla_path_table.json timeout 300 python3 -m benchmarks.loop \
+      PALLAS_PINNED_BACKEND_TABLE=/tmp/xla_path_table.json timeout 270 python3 -m benchmarks.loop \
         --quick --backends pallas --patterns none \
         --providers baseline,floor_launch,xla_set,ours_set,xla_set_read,ours_set_read,xla_add,ours_add,xla_add_read,ours_add_read,ours_set_unique,ours_set_unique_read,ours_add_unique,ours_add_unique_read \
         --xla-option xla_gpu_graph_min_graph_size=1 --out /tmp/bench_xla_path \
         > "$OUT/bench_xla_path.log" 2>&1; echo "xlapath rc=$?"
       tail -35 "$OUT/bench_xla_path.log"
       cp /tmp/xla_path_table.json /tmp/bench_xla_path/
-      # The client's verdict (choose_backends --add-client-from): Zipf ids, graphed.
-      log "bench sparse training, XLA's set and add path as auto, command buffers"
-      PALLAS_PINNED_BACKEND_TABLE=/tmp/xla_path_table.json timeout 240 \
-        python3 -m benchmarks.sparse_training --xla-option xla_gpu_graph_min_graph_size=1 \
-        ${SPARSE_ARGS:-} --out /tmp/bench_xla_path/sparse > "$OUT/sparse_xla_path.log" 2>&1
-      echo "sparse xlapath rc=$?"; tail -22 "$OUT/sparse_xla_path.log"
+      # The clients' verdicts (choose_backends --add-client-from, graphed, Zipf ids; and
+      # --distinct-client-from, uniform ids).
+      for ids in zipf uniform; do
+        log "bench sparse training ($ids ids), XLA's set and add path as auto, command buffers"
+        zipf_s=$([ $ids = uniform ] && echo "--zipf-s 0")
+        PALLAS_PINNED_BACKEND_TABLE=/tmp/xla_path_table.json timeout 150 \
+          python3 -m benchmarks.sparse_training --xla-option xla_gpu_graph_min_graph_size=1 \
+          $zipf_s ${SPARSE_ARGS:-} --out /tmp/bench_xla_path/sparse_$ids \
+          > "$OUT/sparse_xla_path_$ids.log" 2>&1
+        echo "sparse xlapath $ids rc=$?"; grep -v host_offloader "$OUT/sparse_xla_path_$ids.log" | tail -14
+      done
       tar czf "$OUT/bench_xla_path.tgz" -C /tmp/bench_xla_path . ;;
     sparse)
       log "bench sparse training ${SPARSE_ARGS:-}"

@@ -61,7 +61,9 @@ class WriteCall:
             op=op,
             plan=plan,
             mode=mode,
-            unique=bool(unique_indices) or plan.unique,
+            # "clip" may map distinct indices onto one row, so there the promise says
+            # nothing of the rows (the index form's own guarantee still does).
+            unique=(bool(unique_indices) and mode != "clip") or plan.unique,
             ascending=bool(indices_are_sorted) or plan.ascending,
             backend=backend,
             thresholds=tuning.current(),

@@ -13,11 +13,13 @@ through to (tokamax's registry is the model):
   ``backend_table.json`` decides (written by ``python -m
   benchmarks.choose_backends`` from the loop benchmark; the file names its
   source); each must also be importable and able to launch here;
-* ``"xla_native"``: XLA's own formulation, ``x.at[rows].set(y)``; for a host
-  buffer XLA ships the data by DMA and applies it on the CPU, overlapped with
-  the next step. ``auto`` runs it for sets where the table measured it faster
-  than the kernels (small float32 batches in a loop); the result bits are
-  the same (the last write wins);
+* ``"xla_native"``: XLA's own formulation, ``x.at[rows].set(y)`` or
+  ``.add(y)``; for a host buffer XLA ships the data by DMA and applies it on
+  the CPU, overlapped with the next step. ``auto`` runs it where the table
+  measured it faster than the kernels (small float32 sets in a loop; float32
+  sets and adds of rows known distinct, an entry's ``distinct_backend``); a
+  set's bits are the same (the last write wins), an add's sums too up to the
+  rounding order of duplicates;
 * ``"xla"``: the plain-jnp reference (``reference.py``, ``_host_xla.py``),
   always available: the base implementation, and ``backend="xla"``.
 

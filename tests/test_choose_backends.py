@@ -1,8 +1,9 @@
 """CPU tests of ``python -m benchmarks.choose_backends``: the table ``backend="auto"`` reads.
 
 Each builds loop records by hand (the fields a run writes) and checks the rule:
-Pallas or raw Triton by the noise margin, XLA's own set path only where it was
-measured faster and did not lose read back, and what is left unmeasured.
+Pallas or raw Triton by the noise margin, XLA's own set and add path only where it
+was measured faster and did not lose read back (add: nor in the sparse client),
+rows promised distinct judged apart, and what is left unmeasured.
 """
 
 import json
@@ -14,6 +15,12 @@ from benchmarks import choose_backends
 def _row(provider, backend, rows, us, dtype="float32"):
     return {"provider": provider, "backend": backend, "rows": rows, "row_bytes": 512,
             "dtype": dtype, "us_per_step": us, "correct": True}
+
+
+def _xla_path_case(op, rows, kernel_us, xla_us, auto_us):
+    """A case's kernel, XLA's bare op and auto on XLA's path (no kernel in its step)."""
+    return [_row(f"ours_{op}", "pallas", rows, kernel_us), _row(f"xla_{op}", "-", rows, xla_us),
+            _row(f"ours_{op}", "auto", rows, auto_us) | {"hlo_ops": {"fusion": 2}}]
 
 
 def test_choose_backends_covers_set_add_and_gather():
@@ -144,8 +151,7 @@ def test_choose_backends_keeps_add_on_the_kernel_unless_the_sparse_client_agrees
     # The loop says XLA's add path wins (faster, read back not slower); the real client
     # (Zipf ids that repeat, each step reading the last one's rows) decides as well.
     records = [
-        _row("ours_add", "pallas", 64, 10.0), _row("xla_add", "-", 64, 7.0),
-        _row("ours_add", "auto", 64, 7.5) | {"hlo_ops": {"fusion": 2}},
+        *_xla_path_case("add", 64, 10.0, 7.0, 7.5),
         _row("ours_add_read", "pallas", 64, 14.0),
         _row("ours_add_read", "auto", 64, 14.0) | {"hlo_ops": {"fusion": 2}},
     ]
@@ -243,3 +249,34 @@ def test_choose_backends_judges_rows_promised_distinct_apart():
             ("ours_set_unique", "pallas") else r for r in run(50.5)]
     entry = choose_backends.choose(fast)[1]["set"]["float32"]["1024"]
     assert "distinct_backend" not in entry and "distinct_xla_path" not in entry
+
+
+def _sized_row(provider, backend, row_bytes, us):
+    return _row(provider, backend, 256, us) | {"row_bytes": row_bytes}
+
+
+def test_choose_backends_takes_xla_s_path_on_a_win_and_a_tie_not_on_a_win_and_a_loss():
+    # Two cases in one class: a win beyond the noise with a tie within it takes XLA's
+    # path; a win with a loss beyond the noise keeps the kernel.
+    def run(second_auto_us):
+        return [
+            _sized_row("xla_set", "-", 4, 7.0), _sized_row("ours_set", "pallas", 4, 8.0),
+            _sized_row("ours_set", "auto", 4, second_auto_us) | {"hlo_ops": {"fusion": 1}},
+            _sized_row("xla_set", "-", 1024, 9.0), _sized_row("ours_set", "pallas", 1024, 12.0),
+            _sized_row("ours_set", "auto", 1024, 9.5) | {"hlo_ops": {"fusion": 1}},
+        ]
+
+    assert choose_backends.choose(run(8.2))[1]["set"]["float32"]["256"]["backend"] == "xla"
+    assert choose_backends.choose(run(9.0))[1]["set"]["float32"]["256"]["backend"] == "pallas"
+
+
+def test_choose_backends_keeps_distinct_rows_on_a_promised_kernel_that_beats_xla():
+    # The unpromised set takes XLA's path (with its de-duplication), but the kernel told
+    # unique_indices beats XLA's bare set: rows known distinct stay on that kernel.
+    records = [
+        *_xla_path_case("set", 64, 10.0, 7.0, 7.5),
+        _row("ours_set_unique", "pallas", 64, 6.0),
+        _row("ours_set_unique", "auto", 64, 8.0) | {"hlo_ops": {"fusion": 2}},
+    ]
+    entry = choose_backends.choose(records)[1]["set"]["float32"]["64"]
+    assert entry["backend"] == "xla" and entry["distinct_backend"] == "pallas"

@@ -125,6 +125,18 @@ def test_auto_gives_add_s_xla_path_to_rows_known_distinct_only(monkeypatch):
         got = pp.scatter_add_to_host(jax.device_put(x0, host), idx, upd, **kwargs)
         assert seen == [distinct], kwargs
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, err_msg=str(kwargs))
+    # Several axes: "clip" folds the out-of-range column 9 onto column 4, so the two
+    # promised-unique index pairs hit one row: not distinct, and both updates land.
+    cube0 = np.random.default_rng(4).standard_normal((3, 5, 2)).astype(np.float32)
+    rows_i, cols_j = jnp.array([1, 1], jnp.int32), jnp.array([4, 9], jnp.int32)
+    for mode, distinct in ((None, True), ("clip", False)):
+        seen.clear()
+        got = pp.at(jax.device_put(cube0, host))[rows_i, cols_j].add(
+            jnp.ones((2, 2), jnp.float32), mode=mode, unique_indices=True)
+        assert seen == [distinct], mode
+        if mode == "clip":
+            want = jnp.asarray(cube0).at[rows_i, cols_j].add(1.0, mode="clip")
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
 
 
 @pytest.mark.gpu
