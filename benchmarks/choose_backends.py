@@ -79,9 +79,7 @@ DEFAULT_SOURCE = REPO / "benchmarks" / "results" / "loop_quick_graphs_h200.json"
 # promised-unique rows included (2026-12-04 16:22 UTC): where the source run lacks
 # that measurement, this one judges it.
 DEFAULT_XLA_PATH = REPO / "benchmarks" / "results" / "loop_xla_path_graphs_h200.json"
-# The sparse-training client (graphed) under a table with XLA's path for every add class
-# (2026-12-04 16:10 UTC), and the same on uniform ids (16:09 UTC; about 4095 distinct of
-# 4096 per step).
+# The sparse-training client under a table with XLA's add path: Zipf ids, uniform ids.
 DEFAULT_ADD_CLIENT = REPO / "benchmarks" / "results" / "sparse_training_graphs_h200_xla_path.json"
 DEFAULT_DISTINCT_CLIENT = DEFAULT_ADD_CLIENT.with_name(
     "sparse_training_graphs_h200_xla_path_uniform.json")
@@ -247,7 +245,7 @@ def _path_verdict(key: tuple, kernel: str, sources: dict) -> tuple[bool | None, 
     ran, else Pallas)."""
     op, dtype, rows = key
     for label, run in sources.items():
-        cases = [c for c in run.get(key, {}).values()]
+        cases = list(run.get(key, {}).values())
         own = kernel if any(kernel in c for c in cases) else "pallas"
         verdict, read = _xla_path_faster([c for c in cases if own in c], own,
                                          run.get((f"{op}_read", dtype, rows)))
@@ -255,6 +253,11 @@ def _path_verdict(key: tuple, kernel: str, sources: dict) -> tuple[bool | None, 
             return verdict, (f"{'faster' if verdict else 'not faster'} than the kernel "
                              f"({label}; {read})")
     return None, "unmeasured"
+
+
+def _kernel_never_slower(cases: list[dict], kernel: str) -> bool:
+    """Whether the kernel took no longer than XLA's bare op in every case."""
+    return all(c[kernel] <= c["xla"] for c in cases)
 
 
 def _judge_xla_path(entry: dict, key: tuple, full: list[dict], kernel: str, sources: dict,
@@ -268,13 +271,13 @@ def _judge_xla_path(entry: dict, key: tuple, full: list[dict], kernel: str, sour
     """
     op, dtype, rows = key
     verdict = None
-    if not all(c[kernel] <= c["xla"] for c in full):
+    if not _kernel_never_slower(full, kernel):
         verdict, entry["xla_path"] = _path_verdict(key, kernel, sources)
     distinct_cases = sources["this run"].get((f"{op}_distinct", dtype, rows), {})
     promised = [c | {"xla": bare["xla"]} for case, bare in sources["this run"][key].items()
                 if "xla" in bare and kernel in (c := distinct_cases.get(case, {}))]
     distinct_verdict = None
-    if promised and all(c[kernel] <= c["xla"] for c in promised):
+    if promised and _kernel_never_slower(promised, kernel):
         distinct_verdict = False  # the kernel told so is no slower than XLA's bare op
     elif promised:
         distinct_verdict, entry["distinct_xla_path"] = _path_verdict(

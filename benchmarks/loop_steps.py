@@ -24,10 +24,11 @@ the device, then writes (or, for the baseline, does not):
 * the read-after-write providers (``xla_add_read``, ``ours_add_read``,
   ``xla_set_read``, ``ours_set_read``, and ``ours_set_unique_read`` /
   ``ours_add_unique_read``, whose write promises unique indices) add or set
-  the updates at the step's rows, then read those rows back and carry them (with the buffer), as a
-  client that uses what it wrote must (a KV cache, a replay buffer): XLA's
-  host add and set (which ``auto`` may run for a set) are off the GPU's path
-  only while nobody reads the rows.
+  the updates at the step's rows, then read those rows back and carry them
+  (with the buffer), as a client that uses what it wrote must (a KV cache, a
+  replay buffer): XLA's host add and set (which ``auto`` may run where the
+  backend table says so) are off the GPU's path only while nobody reads the
+  rows.
 """
 
 from __future__ import annotations
