@@ -1,0 +1,249 @@
+"""Lab probe of 2026-12-04 (session 11): what does resolving duplicates cost on XLA's path?
+
+Not a benchmark of the project (no CPU test, no report). On a GPU, from the repository root:
+
+    PYTHONPATH=. python docs/lab/xla_path_dedup_probe.py [--xla-option NAME=VALUE] [--out DIR]
+
+Question. In the graphed loop (2026-12-04 16:22 UTC) XLA's set path, with our
+de-duplication in front (``drop_superseded``: an ``n x n`` comparison up to 1024
+entries), took 51.2 us per step at 1024 x 1 KiB against 24.3 for XLA's bare set
+and 24.7 for the same path with rows promised distinct: the de-duplication cost
+27 us, 3.3 us at 256 rows and 1.6 us at 64. Unpromised adds stay on the kernels
+because XLA's add on the Zipf client took 705 us per step against the kernels' 73.
+
+Predictions (written before the first run):
+- set: the ``n x n`` check costs ~n**2: ~27 us at 1024. A stable sort whose
+  "last of each run" mask is scattered back to input order (the updates never
+  permuted) should cost a sort and two small fusions, ~3-5 us at 1024, so XLA's
+  path at ~28-30 us: about the kernel's 28.8, no clear win; at 64-256 the ``n x n``
+  check stays the cheaper.
+- add: XLA's add on the pinned buffer with device operands is a GPU scatter whose
+  duplicates contend (the Zipf client's 705 us). Combining duplicates on the
+  device first (sort + segmented scan) leaves XLA distinct rows: the Zipf client
+  near the uniform client's 120 us scaled to 1895 distinct rows (~60-70 us), and
+  the loop's adds at XLA's time plus the combine (~3-6 us), below the kernels'
+  unpromised 16.8 / 44.5 / 94.1 us at 256 / 1024 / 4096 rows.
+
+Each variant is compiled, run once from the same buffer and checked against
+``pallas_pinned``'s own result, then timed in ``ROUNDS`` interleaved rounds of
+one donated scan each (the buffer chained): medians of the per-step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import pallas_pinned as pp
+from benchmarks import environment
+from benchmarks.sparse_training import _sgd_scan, _xla_read, zipf_ids
+from pallas_pinned import _rows
+
+ROUNDS = 5
+HOST = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+FULL = {"steps": 100, "buffer": 1 << 30, "cases": ((64, 1024), (256, 1024), (1024, 1024),
+                                                   (4096, 512)),
+        "sparse": (8 << 20, 64, 4096, 40)}
+QUICK = {"steps": 4, "buffer": 1 << 20, "cases": ((64, 1024),), "sparse": (1 << 12, 16, 256, 4)}
+
+
+def _skip(num_rows, rows):
+    return _rows.skip_row(num_rows, rows.dtype)
+
+
+def sort_mask_superseded(rows, num_rows):
+    """Rows written again later -> skip marker, input order kept (the updates stay put)."""
+    n = rows.shape[0]
+    sorted_rows, perm = lax.sort((rows, lax.iota(jnp.int32, n)), num_keys=1, is_stable=True)
+    last = jnp.concatenate([sorted_rows[1:] != sorted_rows[:-1], jnp.ones((1,), bool)])
+    keep = jnp.zeros((n,), bool).at[perm].set(last, unique_indices=True)
+    return jnp.where(keep, rows, _skip(num_rows, rows))
+
+
+def set_variants(num_rows):
+    def raw(x, r, u):
+        return x.at[r].set(u, mode="drop")
+
+    def nxn(x, r, u):
+        return x.at[_rows.drop_superseded_small(r, num_rows)].set(u, mode="drop")
+
+    def sortmask(x, r, u):
+        return x.at[sort_mask_superseded(r, num_rows)].set(u, mode="drop")
+
+    def sortperm(x, r, u):
+        r2, src = _rows.dedupe_last_wins(r, num_rows)
+        return x.at[r2].set(u[src], mode="drop")
+
+    return {"ours_auto": pp.scatter_to_host, "xla_raw": raw, "nxn": nxn,
+            "sortmask": sortmask, "sortperm": sortperm}
+
+
+def combined_add(small_max, unique):
+    def add(x, r, u):
+        r2, totals = _rows.combine_duplicates(r, u, x.shape[0], small_max=small_max)
+        return x.at[r2].add(totals, mode="drop", unique_indices=unique)
+
+    return add
+
+
+def combined_host_add(x, r, u):
+    r2, totals = _rows.combine_duplicates(r, u, x.shape[0], small_max=0)
+    return host_add(x, r2, totals)
+
+
+def host_add(x, r, u):
+    """The operands moved to the host: XLA's host compute applies the add there."""
+    r = jax.device_put(r, jax.memory.Space.Host)
+    u = jax.device_put(u, jax.memory.Space.Host)
+    return x.at[r].add(u, mode="drop")
+
+
+def add_variants():
+    return {"ours_auto": pp.scatter_add_to_host,
+            "xla_raw": lambda x, r, u: x.at[r].add(u, mode="drop"),
+            "comb_nxn": combined_add(1 << 30, False),
+            "comb_sort": combined_add(0, False),
+            "comb_sort_uq": combined_add(0, True),
+            "host_add": host_add,
+            "comb_host": combined_host_add}
+
+
+def _scan(op):
+    def run(x, ids, upd):
+        return lax.scan(lambda x, xs: (op(x, *xs), None), x, (ids, upd))[0]
+
+    return run
+
+
+def _time(compiled, make_args, steps, check, out_dir, label):
+    outs = {}
+    for name, fn in compiled.items():
+        outs[name] = jax.block_until_ready(fn(*make_args(fresh=True)))
+    check(outs)
+    results = {name: [] for name in compiled}
+    for _ in range(ROUNDS):
+        for name, fn in compiled.items():
+            args = (outs[name], *make_args(fresh=False)[1:])
+            t0 = time.perf_counter()
+            outs[name] = jax.block_until_ready(fn(*args))
+            results[name].append((time.perf_counter() - t0) / steps * 1e6)
+    for name, us in results.items():
+        print(f"{label:34} {name:12} {statistics.median(us):8.1f} us/step "
+              f"(min {min(us):.1f}, max {max(us):.1f})", flush=True)
+    for out in outs.values():
+        out.delete()
+    return results
+
+
+def _compile(fns, args, options, out_dir, label):
+    compiled = {}
+    for name, fn in fns.items():
+        try:
+            compiled[name] = jax.jit(fn, donate_argnums=0).lower(*args).compile(options)
+        except Exception as e:  # noqa: BLE001 - a lab probe reports and goes on
+            print(f"{label:34} {name:12} FAILED to compile: {type(e).__name__}: "
+                  f"{str(e)[:300]}", flush=True)
+            continue
+        text = compiled[name].as_text()
+        counts = {op: text.count(f" {op}(") for op in ("fusion", "sort", "scatter",
+                                                         "custom-call", "copy-start")}
+        scatters = [line.strip()[:160] for line in text.splitlines() if " scatter(" in line]
+        print(f"{label:34} {name:12} hlo: {counts} {scatters[:1]}", flush=True)
+        if out_dir is not None and label.startswith("add 1024") and name in (
+                "xla_raw", "comb_sort", "host_add"):
+            (out_dir / f"hlo_{name}.txt").write_text(text)
+    return compiled
+
+
+def loop_cases(options, rng, out_dir, sizes):
+    steps = sizes["steps"]
+    for n, row_bytes in sizes["cases"]:
+        d = row_bytes // 4
+        num_rows = sizes["buffer"] // row_bytes
+        ids = jnp.asarray(rng.integers(0, num_rows, (steps, n), dtype=np.int32))
+        upd = jnp.asarray(rng.standard_normal((steps, n, d), dtype=np.float32))
+        zeros = np.zeros((num_rows, d), np.float32)
+
+        def make_args(fresh, ids=ids, upd=upd, zeros=zeros):
+            return (jax.device_put(zeros, HOST) if fresh else None), ids, upd
+
+        flat = ids.reshape(-1)
+
+        def check(outs, exact, flat=flat):
+            ref = np.asarray(pp.gather_from_host(outs["ours_auto"], flat))
+            for name, out in outs.items():
+                got = np.asarray(pp.gather_from_host(out, flat))
+                err = float(np.max(np.abs(got - ref)))
+                ok = err == 0 if exact else err <= 1e-4
+                print(f"  check {name:12} max |diff| {err:.3g} {'ok' if ok else 'DIFFERS'}",
+                      flush=True)
+
+        for op, fns, exact in (("set", set_variants(num_rows), True),
+                               ("add", add_variants(), False)):
+            label = f"{op} {n} x {row_bytes} B"
+            args = make_args(fresh=True)
+            compiled = _compile({k: _scan(f) for k, f in fns.items()}, args, options,
+                                out_dir, label)
+            args[0].delete()
+            _time(compiled, make_args, steps,
+                  lambda outs, exact=exact: check(outs, exact), out_dir, label)
+
+
+def sparse(options, rng, sizes):
+    rows, dim, batch, steps = sizes["sparse"]
+    ids = jnp.asarray(zipf_ids(rng, rows, (steps, batch), 1.1))
+    targets = jnp.asarray(rng.standard_normal((steps, batch, dim)).astype(np.float32) / 8)
+    table0 = rng.standard_normal((rows, dim)).astype(np.float32) / 8
+    adds = {"ours_auto": pp.scatter_add_to_host,
+            "xla_raw": lambda x, r, u: x.at[r].add(u),
+            "comb_sort": combined_add(0, False),
+            "comb_sort_uq": combined_add(0, True),
+            "host_add": host_add,
+            "comb_host": combined_host_add}
+    fns = {name: _sgd_scan(pp.gather_from_host, add, 0.5) for name, add in adds.items()}
+    fns["xla_read_comb"] = _sgd_scan(_xla_read, combined_add(0, False), 0.5)
+
+    def make_args(fresh):
+        return (jax.device_put(table0, HOST) if fresh else None), ids, targets
+
+    touched = jnp.asarray(np.unique(np.asarray(ids)))
+
+    def check(outs):
+        ref = np.asarray(pp.gather_from_host(outs["ours_auto"], touched))
+        for name, out in outs.items():
+            err = float(np.max(np.abs(np.asarray(pp.gather_from_host(out, touched)) - ref)))
+            print(f"  check {name:12} max |diff| {err:.3g} {'ok' if err <= 1e-5 else 'DIFFERS'}",
+                  flush=True)
+
+    args = make_args(True)
+    compiled = _compile(fns, args, options, None, "sparse Zipf 4096 x 256 B")
+    args[0].delete()
+    _time(compiled, make_args, steps, check, None, "sparse Zipf 4096 x 256 B")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    environment.add_xla_option(parser)
+    parser.add_argument("--out", type=Path, default=None, help="folder for the HLO texts")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke test)")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+    print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, options "
+          f"{args.compiler_options}, {ROUNDS} rounds interleaved, {sizes}", flush=True)
+    rng = np.random.default_rng(0)
+    options = args.compiler_options or None
+    sparse(options, rng, sizes)
+    loop_cases(options, rng, args.out, sizes)
+
+
+if __name__ == "__main__":
+    main()
