@@ -61,8 +61,9 @@ class WriteCall:
             op=op,
             plan=plan,
             mode=mode,
-            # "clip" may map distinct indices onto one row, so there the promise says
-            # nothing of the rows (the index form's own guarantee still does).
+            # The one place that decides whether the rows are distinct: "clip" may map
+            # distinct indices onto one row, so there the promise says nothing of the
+            # rows; the index form's own guarantee (static positions, in range) still does.
             unique=(bool(unique_indices) and mode != "clip") or plan.unique,
             ascending=bool(indices_are_sorted) or plan.ascending,
             backend=backend,
@@ -108,7 +109,7 @@ def write_traced(x, operands, updates, call: WriteCall):
     row_write = call.row_write()
     impl = _registry.choose(
         call.op, plan.kind, x, plan.num_entries, call.backend,
-        block_copy=call.thresholds.block_copy or one_copy, distinct=row_write.rows_distinct,
+        block_copy=call.thresholds.block_copy or one_copy, distinct=row_write.unique,
     )
     if impl == "block":
         return _block.write(x, plan, operands, updates, op=call.op, mode=call.mode)

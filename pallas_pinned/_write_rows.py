@@ -38,16 +38,13 @@ class RowWrite:
 
     op: str  # "set", "add", "min", "max" or "mul"
     mode: str | None  # jnp's modes, applied to the rows of the 2-D view
-    unique: bool  # the rows are distinct (promised, or by the index form)
+    # The rows are distinct, after the mode: the caller decides it once
+    # (``_local_write.WriteCall.of``: a promise of unique indices says nothing
+    # of the rows under "clip", the index form's own guarantee still does).
+    unique: bool
     ascending: bool  # the normalized rows ascend
     thresholds: tuning.Thresholds
     normalized: bool = False  # rows arrive normalized (skip markers), not as raw indices
-
-    @property
-    def rows_distinct(self) -> bool:
-        # Clipping can map distinct out-of-range indices onto the same edge
-        # row: "unique" promises distinct indices, not distinct rows.
-        return self.unique and self.mode != "clip"
 
 
 def write(x2d, rows, updates2d, cfg: RowWrite, implementation: str):
@@ -82,7 +79,7 @@ def _xla(x2d, rows, updates2d, cfg: RowWrite):
         return scatter_rows_reference(x2d, rows, updates2d, unique=cfg.unique)
     if not _placement.on_host(x2d):
         return scatter_combine_rows_reference(
-            x2d, rows, updates2d, op=cfg.op, unique=cfg.rows_distinct
+            x2d, rows, updates2d, op=cfg.op, unique=cfg.unique
         )
     # The reference's steps, with the row reads and writes done on the host
     # buffer itself and all the arithmetic on the device.
@@ -111,7 +108,7 @@ def _xla_native(x2d, rows, updates2d, cfg: RowWrite):
     rows = _normalized(x2d, rows, cfg)
     if cfg.op == "add":
         return x2d.at[rows].add(updates2d, mode="drop", wrap_negative_indices=False)
-    if not cfg.rows_distinct and rows.shape[0] > 1:
+    if not cfg.unique and rows.shape[0] > 1:
         # The threshold measured with this path on the H200 (2026-12-03) is add's.
         rows, src = _rows.drop_superseded(
             rows, num_rows, small_max=cfg.thresholds.small_combine_max
@@ -124,7 +121,7 @@ def _xla_native(x2d, rows, updates2d, cfg: RowWrite):
 def _combined(x2d, rows, updates2d, cfg: RowWrite, *, presorted: bool = False):
     """One entry per distinct row, its updates combined in a fixed order (skip markers else)."""
     totals = updates2d.astype(_rows.add_accumulator_dtype(x2d.dtype, cfg.op))
-    if cfg.rows_distinct or rows.shape[0] <= 1:
+    if cfg.unique or rows.shape[0] <= 1:
         return rows, totals
     return _rows.combine_duplicates(
         rows,
@@ -183,13 +180,13 @@ def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
         # Small batches: one launch that normalizes and combines duplicates by itself.
         raw = _rows.widen(_placement.to_device_memory(rows))
         return launch.add_fused(
-            x2d, raw, updates2d, mode=cfg.mode, combine_duplicates=not cfg.rows_distinct,
+            x2d, raw, updates2d, mode=cfg.mode, combine_duplicates=not cfg.unique,
             acc_dtype=acc,
         )
     rows = _normalized(x2d, rows, cfg)
     src = None
     check_bounds = cfg.mode != "promise_in_bounds"
-    if not cfg.rows_distinct and rows.shape[0] > 1:
+    if not cfg.unique and rows.shape[0] > 1:
         if launch.add_sorted is not None and cfg.thresholds.add_runs_in_kernel:
             # A stable order makes each row's entries one run; the kernel sums
             # each run in entry order and masks the skip markers itself.
