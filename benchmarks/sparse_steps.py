@@ -1,0 +1,126 @@
+"""The step of each provider of ``benchmarks.sparse_training``: one jitted ``lax.scan`` each.
+
+Every provider trains the same way (SGD on the rows a step's ids name, the loss
+``0.5 * mean_b ||row_b - target_b||^2``); they differ in where the table lives
+and how its rows are read and written. ``step_fns`` gives the jitted scans by
+provider name; the table (argument 0) is donated.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import pallas_pinned as pp
+
+
+def _loss(rows, targets):
+    return 0.5 * jnp.mean(jnp.sum((rows - targets) ** 2, axis=-1))
+
+
+def _sgd_scan(read, add, lr: float, order=None):
+    """``(table, ids, targets) -> table``: one scan step per row of ``ids``.
+
+    ``order(ids, num_rows) -> (ids_sorted, perm)``, when given, orders each step's ids
+    once for both ops (the targets permuted alike: the loss is a mean over entries).
+    """
+
+    def train(table, ids, targets):
+        def step(table, xs):
+            i, t = xs
+            if order is not None:
+                i, perm = order(i, table.shape[0])
+                t = t[perm]
+            grad = jax.grad(_loss)(read(table, i), t)
+            return add(table, i, (-lr * grad).astype(table.dtype)), None
+
+        return lax.scan(step, table, (ids, targets))[0]
+
+    return train
+
+
+def _xla_read(table, i):
+    on_host = jax.device_put(i, jax.memory.Space.Host)
+    # The barrier keeps XLA from moving the gradient's ops back across the copy
+    # (as pallas_pinned/_host_xla.py does for the same reason).
+    return lax.optimization_barrier(jax.device_put(table[on_host], jax.memory.Space.Device))
+
+
+def step_fns(lr: float) -> dict:
+    """The jitted scan of each provider; the table (argument 0) is donated."""
+    kernels = "pallas" if jax.default_backend() == "gpu" else "interpret"
+    reads_adds = {
+        "ours": (pp.gather_from_host, pp.scatter_add_to_host),
+        "ours_kernels": (functools.partial(pp.gather_from_host, backend=kernels),
+                         functools.partial(pp.scatter_add_to_host, backend=kernels)),
+        "xla": (_xla_read, lambda x, i, u: x.at[i].add(u)),
+        "device": (lambda x, i: jnp.take(x, i, axis=0), lambda x, i, u: x.at[i].add(u)),
+    }
+    fns = {name: jax.jit(_sgd_scan(read, add, lr), donate_argnums=0)
+           for name, (read, add) in reads_adds.items()}
+    sorted_ops = [functools.partial(op, indices_are_sorted=True)
+                  for op in (pp.gather_from_host, pp.scatter_add_to_host)]
+    sorted_scan = _sgd_scan(*sorted_ops, lr, order=pp.sort_indices)
+    distinct = {
+        "ours_distinct": (
+            functools.partial(pp.gather_from_host, mode="fill", fill_value=0, **_DISTINCT),
+            functools.partial(pp.scatter_to_host, mode="drop", **_DISTINCT)),
+        "device_distinct": (
+            lambda x, rows: jnp.take(x, rows, axis=0, mode="fill", fill_value=0),
+            lambda x, rows, v: x.at[rows].set(v, mode="drop", **_DISTINCT)),
+    }
+    fns |= {name: jax.jit(_read_once_scan(read, write, lr), donate_argnums=0)
+            for name, (read, write) in distinct.items()}
+    return fns | {"ours_sorted": jax.jit(sorted_scan, donate_argnums=0),
+                  "transfer": jax.jit(_transfer_scan, donate_argnums=0)}
+
+
+# What distinct_indices guarantees of its rows (the padding marker aside).
+_DISTINCT = {"unique_indices": True, "indices_are_sorted": True}
+
+
+def _read_once_scan(read, write, lr: float):
+    """The same training reading each distinct row once and writing it once (a set).
+
+    ``pp.distinct_indices`` gives the step's distinct rows and each entry's place
+    among them; ``jax.grad`` through ``values[inverse]`` sums each row's gradients,
+    so the new rows are ``values - lr * grad``: the add's result up to rounding,
+    without the add's second read of the rows.
+    """
+
+    def train(table, ids, targets):
+        def step(table, xs):
+            i, t = xs
+            rows, inverse = pp.distinct_indices(i, table.shape[0])
+            values = read(table, rows)
+            grad = jax.grad(lambda v: _loss(v[inverse], t))(values)
+            return write(table, rows, (values - lr * grad).astype(table.dtype)), None
+
+        return lax.scan(step, table, (ids, targets))[0]
+
+    return train
+
+
+def _transfer_scan(table, distinct, targets):
+    """Each step's distinct rows read and written back unchanged; ``targets`` unused."""
+    del targets
+    promises = {"indices_are_sorted": True, "unique_indices": True}
+
+    def step(table, rows):
+        read = pp.gather_from_host(table, rows, mode="fill", fill_value=0, **promises)
+        return pp.scatter_to_host(table, rows, read, mode="drop", **promises), None
+
+    return lax.scan(step, table, distinct)[0]
+
+
+def distinct_padded(ids: np.ndarray, num_rows: int) -> np.ndarray:
+    """Each step's distinct ids, ascending, then ``num_rows, num_rows + 1, ...`` to one width."""
+    distinct = [np.unique(row) for row in ids]
+    width = max(d.size for d in distinct)
+    pads = [num_rows + np.arange(width - d.size) for d in distinct]
+    return np.stack([np.concatenate([d, pad]) for d, pad in zip(distinct, pads, strict=True)]
+                    ).astype(np.int32)
