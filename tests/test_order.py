@@ -78,17 +78,21 @@ def _step(x, ids, targets, *, shared: bool, backend: str):
     return x, jnp.sum(rows, axis=0)
 
 
+def _step_inputs(rng, num_ids: int, num_rows: int = 64, dim: int = 5):
+    """A table, ids (repeated, negative, out of range, one hot row) and targets."""
+    x0 = rng.standard_normal((num_rows, dim)).astype(np.float32)
+    ids = mixed_indices(rng, num_rows, (num_ids,)).astype(np.int32)
+    ids[:40] = ids[0]  # a hot row, as Zipf ids have
+    return x0, ids, rng.standard_normal((num_ids, dim)).astype(np.float32)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("num_ids", [200, 1500])
 def test_a_step_sharing_one_order_gives_the_same_result(rng, backend, num_ids):
     # Beyond tuning's fused_max_adds (1024) the add sums each row's run of a
     # stable order: the same sums either way, bit for bit. Below it the kernel's
     # one-launch add groups the sums by position: equal up to float rounding.
-    num_rows, dim = 64, 5
-    x0 = rng.standard_normal((num_rows, dim)).astype(np.float32)
-    ids = mixed_indices(rng, num_rows, (num_ids,)).astype(np.int32)
-    ids[:40] = ids[0]  # a hot row, as Zipf ids have
-    targets = rng.standard_normal((num_ids, dim)).astype(np.float32)
+    x0, ids, targets = _step_inputs(rng, num_ids)
     results = {}
     for shared in (False, True):
         step = jax.jit(lambda x, i, t, shared=shared: _step(x, i, t, shared=shared,
@@ -182,11 +186,7 @@ def _add_step(x, ids, targets, *, backend: str):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("num_ids", [200, 1500])
 def test_a_step_reading_each_distinct_row_once_equals_the_add(rng, backend, num_ids):
-    num_rows, dim = 64, 5
-    x0 = rng.standard_normal((num_rows, dim)).astype(np.float32)
-    ids = mixed_indices(rng, num_rows, (num_ids,)).astype(np.int32)
-    ids[:40] = ids[0]  # a hot row, as Zipf ids have
-    targets = rng.standard_normal((num_ids, dim)).astype(np.float32)
+    x0, ids, targets = _step_inputs(rng, num_ids)
     results = []
     for step in (_add_step, _read_once_step):
         run = jax.jit(functools.partial(step, backend=backend), donate_argnums=0)
