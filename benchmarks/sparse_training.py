@@ -21,7 +21,7 @@ table and the same ids and targets:
   permuted alike): the gather reads in ascending address order, and the add
   does not order the ids again;
 * ``ours_distinct``: the same training written to read each distinct row once
-  and write it once (``distinct_indices``; the rows gathered, ``jax.grad``
+  and write it once (``sparse_steps.distinct_rows``; the rows gathered, ``jax.grad``
   through ``values[inverse]`` summing each row's gradients, the new rows
   written by ``scatter_to_host``, all promised sorted and unique): no add, so
   no second read of the rows; ``device_distinct``: that formulation on the

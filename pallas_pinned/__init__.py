@@ -13,8 +13,6 @@ device-resident indices and data, without copying the buffer:
 * :func:`gather_from_host` — ``x.at[i].get()``, result in device memory;
 * :func:`sort_indices` — one stable order of a batch of row indices, shared
   by the ops of a step that reads and then writes the same rows;
-* :func:`distinct_indices` — each distinct row of a batch once, so that such a
-  step reads each row once and writes it once;
 * :func:`fix_memory_space` — the same buffer, with a type that says where it
   lives (for arrays from checkpoint restores or ``jit(out_shardings=...)``).
 
@@ -27,7 +25,7 @@ from pallas_pinned import tuning
 from pallas_pinned._placement import fix_memory_space
 from pallas_pinned.at import at
 from pallas_pinned.gather import gather_from_host
-from pallas_pinned.order import distinct_indices, sort_indices
+from pallas_pinned.order import sort_indices
 from pallas_pinned.scatter import scatter_to_host
 from pallas_pinned.scatter_add import scatter_add_to_host
 from pallas_pinned.scatter_combine import (
@@ -38,7 +36,6 @@ from pallas_pinned.scatter_combine import (
 
 __all__ = [
     "at",
-    "distinct_indices",
     "fix_memory_space",
     "gather_from_host",
     "scatter_add_to_host",
