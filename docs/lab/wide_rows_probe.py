@@ -17,6 +17,19 @@ whatever the tile; a store modifier that skips L2 (``.cs``, ``.wt``, ``evict_fir
 1-3 GB/s if L2 write-back stalls the PCIe writes, else nothing; the peer at ~49 and the
 ceiling at ~53.
 
+Outcome (H200, jax 0.11.2, triton 3.6.0, 2026-12-04 17:34 UTC, ``wide_rows_probe_h200_1734.log``
+beside this file; the first version of the script at 17:32, ``_1732.log``, agrees): GB/s of one
+synchronized call, then of calls dispatched back to back. The whole call (random rows: sort,
+de-duplication, kernel) 41.9, back to back **49.8** (0.93 of the ceiling); with every promise
+44.6 / 51.1; the Pallas kernel alone 44.9-45.4 at every tile, 51.4 back to back, 50.7 per launch
+with 10 launches in one call; the raw Triton kernel 44.1-45.0 with every store modifier (none
+helps); jax.device_put 42.8; the torch-launched peer 49.8; the ceiling 53.6. So the kernels
+write 2 KiB rows at 0.95 of the copy engine and the default call at 0.93 when calls follow
+each other; a single synchronized JAX call costs ~0.5 ms more than its GPU work (3.20 against
+2.69 ms), as jax.device_put of the same bytes does, which is the 0.78-0.80 of the sweep. The
+prediction was right about the tiles and wrong about the modifiers' possible gain; the
+per-call latency it did not foresee.
+
 One call per timing (device-synchronized), the buffer donated and chained, the variants
 interleaved in ``ROUNDS`` rounds of ``REPS`` calls: median GB/s of the payload (min, max).
 Each variant is checked once: the written rows read back equal the updates.

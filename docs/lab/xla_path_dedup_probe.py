@@ -24,6 +24,21 @@ Predictions (written before the first run):
   the loop's adds at XLA's time plus the combine (~3-6 us), below the kernels'
   unpromised 16.8 / 44.5 / 94.1 us at 256 / 1024 / 4096 rows.
 
+Outcome (H200, jax 0.11.2, 2026-12-04 17:18 UTC, graphed, tree ``79edbfc``;
+``xla_path_dedup_probe_h200_1718.log`` beside this file), us per step at 64 / 256 / 1024 x 1 KiB
+and 4096 x 512 B. XLA compiles every scatter into the pinned buffer as host compute (its
+host-offload pass warns so), device operands or not. Set: bare 6.1 / 10.6 / 29.1 / 165.1 (it
+kept another update than the last in rows written twice: "DIFFERS"); ``n x n`` check 8.0 /
+14.5 / 55.4 / 129.3; sort + mask 11.5 / 16.9 / 39.3 / 200.2; sort + permuted updates 10.8 /
+15.6 / 38.9 / 119.9; ``auto`` 7.8 / 13.4 / 36.4 / 60.2. Add: bare 7.5 / 15.1 / 37.3 / 63.1;
+combined first (``n x n`` / sort) 18.3 / 27.8 / 62.2 / 104.2 and 17.2 / 25.0 / 61.9 / 123.2;
+``auto`` 11.4 / 20.1 / 54.1 / 95.1; the operands moved to the host first 20.7 / 27.5 / 54.0 /
+76.2. Sparse client (Zipf): ``auto`` 80.5, bare XLA add 699.5, combined first 116.2 (host
+operands 122.5), the host-moved add 671.7. The predictions held for the ``n x n`` cost and
+for combining curing the Zipf slowdown, and failed for the rest: the sorts cost ~10 us at
+every size, and combining in front of XLA's add costs 10-60 us in the loop, more than the
+kernels' whole add. No formulation beats ``auto`` anywhere; nothing in the library changed.
+
 Each variant is compiled, run once from the same buffer and checked against
 ``pallas_pinned``'s own result, then timed in ``ROUNDS`` interleaved rounds of
 one donated scan each (the buffer chained): medians of the per-step time.
