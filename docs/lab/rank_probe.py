@@ -16,6 +16,16 @@ block of entries against the batch in chunks (``kernels/rank_pallas.py``) should
 at 4096 against the fused comparison's ~20, and ~2-4 against ~5-6 at 1024; the permutation
 and the gather after it cost the same on both paths.
 
+Outcome (H200, jax 0.11.2, 2026-12-04 17:38 UTC, graphed, tree ``158d6bb``;
+``rank_probe_h200_1738.log`` beside this file; every order checked equal to numpy's), us per
+step including the scan's own work, uniform keys: at 4096 the fused comparison 20.6, XLA's
+sort 44.4, the kernel 21.5 at its best setting (8 entries a program, chunks of 1024, 2 warps)
+and 23.9-82.6 at the others; at 8192 36.6 / 52.6 / 35.6; at 1024 14.1 / 19.6 / 13.6; at 256
+12.1 / 12.1 / 11.8; keys with many repeats alike. The prediction was wrong: XLA's fused
+comparison already counts as fast as a plain Triton kernel does (about 1.3 T pairs a second
+at 4096), so the kernel buys nothing and the library keeps XLA's. The kernel lives here, not
+in ``kernels/``.
+
 Each variant orders every step's keys in one jitted ``lax.scan`` of ``STEPS`` steps (keys
 made before timing: uniform over 8 Mi rows, and Zipf-like with many repeats), checked equal
 to numpy's stable argsort, then timed interleaved in ``ROUNDS`` rounds: us per step.
@@ -32,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from pallas_pinned.kernels import rank_pallas
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from benchmarks import environment
 from pallas_pinned import _rows
@@ -40,8 +51,46 @@ from pallas_pinned import _rows
 ROUNDS, STEPS = 5, 100
 
 
+def stable_ranks_kernel(keys_ref, rank_ref, *, num_entries: int, block: int, chunk: int):
+    """Counts, for one block of entries, the entries ordered before each of them."""
+    i = pl.program_id(0) * block + jnp.arange(block)
+    i_ok = i < num_entries
+    mine = plgpu.load(keys_ref.at[i], mask=i_ok, other=0)
+
+    def count_chunk(c, counts):
+        j = c * chunk + jnp.arange(chunk)
+        j_ok = j < num_entries
+        theirs = plgpu.load(keys_ref.at[j], mask=j_ok, other=0)
+        before = (theirs[None, :] < mine[:, None]) | (
+            (theirs[None, :] == mine[:, None]) & (j[None, :] < i[:, None])
+        )
+        return counts + jnp.sum((before & j_ok[None, :]).astype(jnp.int32), axis=1)
+
+    counts = lax.fori_loop(0, pl.cdiv(num_entries, chunk), count_chunk,
+                           jnp.zeros((block,), jnp.int32))
+    plgpu.store(rank_ref.at[i], counts, mask=i_ok)
+
+
+def stable_ranks(keys: jax.Array, *, block: int = 32, chunk: int = 512, num_warps: int = 4,
+                 interpret: bool = False) -> jax.Array:
+    """``(n,)`` int32 ranks of ``keys`` ``(n,)`` (any integer type) in a stable ascending order."""
+    (n,) = keys.shape
+    chunk = min(chunk, max(16, 1 << max(0, (n - 1).bit_length())))
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    return pl.pallas_call(
+        lambda k, r: stable_ranks_kernel(k, r, num_entries=n, block=block, chunk=chunk),
+        out_shape=jax.ShapeDtypeStruct((n,), jnp.int32),
+        grid=(pl.cdiv(n, block),),
+        in_specs=[any_spec],
+        out_specs=any_spec,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="pallas_pinned_stable_ranks",
+    )(keys)
+
+
 def _pallas_order(rows, *, interpret, **settings):
-    rank = rank_pallas.stable_ranks(rows, interpret=interpret, **settings)
+    rank = stable_ranks(rows, interpret=interpret, **settings)
     positions = lax.iota(jnp.int32, rows.shape[0])
     perm = jnp.zeros_like(positions).at[rank].set(positions, unique_indices=True)
     return rows[perm], perm
