@@ -10,9 +10,70 @@ from __future__ import annotations
 
 from typing import Any
 
-from pallas_pinned import _local_read, _local_write, _sharded, _validation
+import jax
+
+from pallas_pinned import _local_read, _local_write, _placement, _sharded, _validation
 
 __all__ = ["read", "write"]
+
+# Eager calls repeat one signature many times (a replay buffer's inserts, a decode
+# loop's cache writes), and every check before a call looks only at the arguments'
+# types, shapes, dtypes and shardings and at the settings (``_validation``). So the
+# index plan of a signature that passed once is kept, and a call of that signature
+# only checks what can change from call to call: a deleted buffer, and a buffer
+# passed again as its own index or updates. On the H200 the checks took most of a
+# five-row call's time. Only calls whose index is one concrete array and whose
+# updates already have the buffer's dtype (no cast to warn about) are kept.
+_PLANS: dict = {}
+_MAX_PLANS = 256
+
+
+def _signature(*parts: Any, arrays: tuple) -> tuple | None:
+    """The key of a call whose every array is concrete (``None``: not one to keep)."""
+    if not all(_placement.is_concrete(a) for a in arrays):
+        return None
+    key = (*parts, *((a.shape, a.dtype, a.sharding) for a in arrays))
+    try:
+        hash(key)
+    except TypeError:  # A setting of an unhashable type: checked in full every call.
+        return None
+    return key
+
+
+def _keep(key: tuple | None, value: Any) -> None:
+    if key is None:
+        return
+    if len(_PLANS) >= _MAX_PLANS:
+        try:
+            _PLANS.pop(next(iter(_PLANS)), None)  # The oldest signature goes first.
+        except (RuntimeError, StopIteration):  # Another thread got there first.
+            pass
+    _PLANS[key] = value
+
+
+def _recheck(x, backend: str, plan) -> None:
+    """What a kept signature still checks on every call."""
+    _validation.check_buffer_alive(x)
+    # Whether a kernel family can run is the registry's answer now, not when kept.
+    _validation.check_kernel_backend(x, backend, plan)
+
+
+def _checked_write(op, x, index, updates, *, mode, backend, settings):
+    """``check_write``'s plan and operands, from the kept plans where the signature passed."""
+    key = None
+    if isinstance(updates, jax.Array) and getattr(updates, "dtype", None) == x.dtype:
+        key = _signature("write", op, *settings.items(), arrays=(x, index, updates))
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan, operands = _validation.check_write(
+            op, x, index, updates, mode=mode, backend=backend
+        )
+        if len(operands) == 1 and operands[0] is index:
+            _keep(key, plan)
+        return plan, operands
+    _recheck(x, backend, plan)
+    _validation.check_not_aliased(x, ("indices", index), ("updates", updates))
+    return plan, (index,)
 
 
 def write(
@@ -33,7 +94,9 @@ def write(
     )
     if _sharded.is_sharded_buffer(x):
         return _sharded.write(op, x, index, updates, **settings)
-    plan, operands = _validation.check_write(op, x, index, updates, mode=mode, backend=backend)
+    plan, operands = _checked_write(
+        op, x, index, updates, mode=mode, backend=backend, settings=settings
+    )
     call = _local_write.WriteCall.of(op, plan, **settings)
     return _local_write.write(x, operands, updates, call)
 
@@ -55,9 +118,26 @@ def read(
             unique_indices=unique_indices, backend=backend,
         )
     del unique_indices  # A read takes each row independently.
-    plan, operands = _validation.check_read(x, index, mode=mode, backend=backend)
-    fill = _validation.check_fill_value(fill_value)
+    plan, operands, fill = _checked_read(x, index, mode=mode, fill_value=fill_value,
+                                         backend=backend)
     call = _local_read.ReadCall.of(
         plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted, backend=backend
     )
     return _local_read.read(x, operands, call)
+
+
+def _checked_read(x, index, *, mode, fill_value, backend):
+    """``check_read``'s plan and operands and the fill value, from the kept plans if it passed."""
+    key = None
+    if isinstance(fill_value, int | float | None):
+        key = _signature("read", mode, backend, type(fill_value), fill_value, arrays=(x, index))
+    kept = _PLANS.get(key) if key is not None else None
+    if kept is None:
+        plan, operands = _validation.check_read(x, index, mode=mode, backend=backend)
+        fill = _validation.check_fill_value(fill_value)
+        if len(operands) == 1 and operands[0] is index:
+            _keep(key, (plan, fill))
+        return plan, operands, fill
+    plan, fill = kept
+    _recheck(x, backend, plan)
+    return plan, (index,), fill

@@ -1,0 +1,95 @@
+"""Eager calls of one signature reuse its checked index plan, and still refuse what changes.
+
+``_front`` keeps the plan of a call whose index is one concrete array and whose updates
+have the buffer's dtype. A kept signature must give the same results as a full check
+and must still refuse, on every call, a deleted buffer, a buffer passed as its own
+updates or indices, and an explicit kernel backend that cannot run now.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_pinned as pp
+from pallas_pinned import _front, _registry
+from tests.helpers import put, read
+
+X0 = np.arange(24, dtype=np.float32).reshape(8, 3) + 0.5
+IDX = jnp.array([1, 5, 1], jnp.int32)
+UPD = jnp.arange(9, dtype=jnp.float32).reshape(3, 3)
+
+
+@pytest.fixture(autouse=True)
+def no_kept_plans():
+    _front._PLANS.clear()
+    yield
+    _front._PLANS.clear()
+
+
+def test_a_kept_signature_gives_what_a_full_check_gives():
+    want = X0.copy()
+    want[1], want[5] = UPD[2], UPD[1]
+    x = pp.scatter_to_host(put(X0), IDX, UPD)
+    assert len(_front._PLANS) == 1
+    kept = pp.scatter_to_host(put(X0), IDX, UPD)  # The same signature: the kept plan.
+    assert len(_front._PLANS) == 1
+    np.testing.assert_array_equal(read(x), want)
+    np.testing.assert_array_equal(read(kept), want)
+    rows = pp.gather_from_host(kept, IDX)
+    rows_again = pp.gather_from_host(kept, IDX)
+    assert len(_front._PLANS) == 2  # One write signature, one read signature.
+    np.testing.assert_array_equal(np.asarray(rows), np.asarray(rows_again))
+    np.testing.assert_array_equal(np.asarray(rows), want[[1, 5, 1]])
+
+
+def test_a_kept_signature_still_refuses_a_deleted_buffer():
+    x = put(X0)
+    y = pp.scatter_to_host(x, IDX, UPD)  # Keeps the signature; x is consumed.
+    with pytest.raises(ValueError, match="deleted"):
+        pp.scatter_to_host(x, IDX, UPD)
+    pp.gather_from_host(y, IDX)  # Keeps the read's signature.
+    with pytest.raises(ValueError, match="deleted"):
+        pp.gather_from_host(x, IDX)
+    np.testing.assert_array_equal(read(y)[0], X0[0])
+
+
+def test_a_kept_signature_still_refuses_the_buffer_as_its_own_updates():
+    square = np.arange(9, dtype=np.float32).reshape(3, 3)
+    idx = jnp.array([0, 1, 2], jnp.int32)
+    x = pp.scatter_to_host(put(square), idx, jnp.ones((3, 3), jnp.float32))
+    with pytest.raises(ValueError, match="buffer x itself"):
+        pp.scatter_to_host(x, idx, x)  # The signature of the call before: (3, 3) float32.
+    np.testing.assert_array_equal(read(x), np.ones((3, 3), np.float32))  # Unchanged.
+
+
+def test_a_kept_signature_still_asks_whether_the_kernel_backend_can_run(monkeypatch):
+    x = pp.scatter_to_host(put(X0), IDX, UPD, backend="interpret")
+    monkeypatch.setattr(_registry, "pallas_triton_importable", lambda: "removed for the test")
+    with pytest.raises(NotImplementedError, match="removed for the test"):
+        pp.scatter_to_host(x, IDX, UPD, backend="interpret")
+    np.testing.assert_array_equal(read(x)[5], np.asarray(UPD[1]))  # The buffer survives.
+
+
+def test_calls_that_are_not_kept():
+    x = put(X0)
+    x = pp.scatter_to_host(x, np.array([1, 2]), np.ones((2, 3), np.float32))  # numpy index
+    x = pp.scatter_to_host(x, IDX, np.ones((3, 3), np.float32))  # numpy updates
+    x = pp.scatter_to_host(x, (IDX, 0), jnp.ones((3,), jnp.float32))  # two index entries
+    counts = put(np.zeros((8, 3), np.int32))
+    for _ in range(2):  # A lossy cast warns on every call: never kept.
+        with pytest.warns(FutureWarning, match="cast"):
+            counts = pp.scatter_to_host(counts, IDX, jnp.full((3, 3), 1.5, jnp.float32))
+    assert not _front._PLANS
+    assert read(x)[1, 0] == 1 and read(counts)[1, 0] == 1
+
+
+def test_the_kept_plans_are_bounded(monkeypatch):
+    monkeypatch.setattr(_front, "_MAX_PLANS", 3)
+    x = put(np.zeros((8, 2), np.float32))
+    for n in range(1, 6):
+        x = pp.scatter_to_host(x, jnp.zeros((n,), jnp.int32), jnp.ones((n, 2), jnp.float32))
+    assert len(_front._PLANS) == 3
+    # The oldest signatures went first: those of 3, 4 and 5 entries are kept.
+    assert sorted(key[-2][0] for key in _front._PLANS) == [(3,), (4,), (5,)]
