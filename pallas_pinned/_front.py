@@ -8,6 +8,7 @@ kernels; nothing below calls back up.
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import jax
@@ -130,7 +131,9 @@ def _checked_read(x, index, *, mode, fill_value, backend):
     """``check_read``'s plan and operands and the fill value, from the kept plans if it passed."""
     key = None
     if isinstance(fill_value, int | float | None):
-        key = _signature("read", mode, backend, type(fill_value), fill_value, arrays=(x, index))
+        # A float by its bits: -0.0 equals 0.0 and a NaN equals nothing, as dict keys.
+        bits = struct.pack("<d", fill_value) if isinstance(fill_value, float) else fill_value
+        key = _signature("read", mode, backend, type(fill_value), bits, arrays=(x, index))
     kept = _PLANS.get(key) if key is not None else None
     if kept is None:
         plan, operands = _validation.check_read(x, index, mode=mode, backend=backend)

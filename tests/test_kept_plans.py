@@ -93,3 +93,14 @@ def test_the_kept_plans_are_bounded(monkeypatch):
     assert len(_front._PLANS) == 3
     # The oldest signatures went first: those of 3, 4 and 5 entries are kept.
     assert sorted(key[-2][0] for key in _front._PLANS) == [(3,), (4,), (5,)]
+
+
+def test_fill_values_are_kept_by_their_bits():
+    x = put(X0)
+    out_of_range = jnp.array([0, 99], jnp.int32)
+    for fill in (float("nan"), float("nan"), 0.0, -0.0, 0, False):
+        got = np.asarray(pp.gather_from_host(x, out_of_range, mode="fill", fill_value=fill))
+        want = np.full(3, fill, np.float32)
+        assert got[1].tobytes() == want.tobytes() or (np.isnan(fill) and np.isnan(got[1]).all())
+    # Two NaNs share one signature; 0.0 and -0.0 do not; 0 (int) and False (bool) neither.
+    assert len(_front._PLANS) == 5
