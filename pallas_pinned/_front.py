@@ -35,23 +35,32 @@ def _signature(*parts: Any, arrays: tuple) -> tuple | None:
     """The key of a call whose every array is concrete (``None``: not one to keep)."""
     if not all(_placement.is_concrete(a) for a in arrays):
         return None
-    key = (*parts, *((a.shape, a.dtype, a.sharding) for a in arrays))
-    try:
-        hash(key)
-    except TypeError:  # A setting of an unhashable type: checked in full every call.
-        return None
-    return key
+    return (*parts, *((a.shape, a.dtype, a.sharding) for a in arrays))
 
 
-def _keep(key: tuple | None, value: Any) -> None:
-    if key is None:
-        return
-    if len(_PLANS) >= _MAX_PLANS:
+def _kept_or_checked(key: tuple | None, index: Any, check) -> tuple[Any, tuple, bool]:
+    """``(value, operands, kept)``: the value kept for ``key`` with ``(index,)``, or else
+    ``check()``'s ``(value, operands)``, kept when its only operand is ``index`` itself.
+
+    ``kept`` tells the caller to recheck what can change from call to call.
+    """
+    value = None
+    if key is not None:
         try:
-            _PLANS.pop(next(iter(_PLANS)), None)  # The oldest signature goes first.
-        except (RuntimeError, StopIteration):  # Another thread got there first.
-            pass
-    _PLANS[key] = value
+            value = _PLANS.get(key)
+        except TypeError:  # A setting of an unhashable type: checked in full every call.
+            key = None
+    if value is not None:
+        return value, (index,), True
+    value, operands = check()
+    if key is not None and len(operands) == 1 and operands[0] is index:
+        if len(_PLANS) >= _MAX_PLANS:
+            try:
+                _PLANS.pop(next(iter(_PLANS)), None)  # The oldest signature goes first.
+            except (RuntimeError, StopIteration):  # Another thread got there first.
+                pass
+        _PLANS[key] = value
+    return value, operands, False
 
 
 def _recheck(x, backend: str, plan) -> None:
@@ -66,17 +75,13 @@ def _checked_write(op, x, index, updates, *, mode, backend, settings):
     key = None
     if isinstance(updates, jax.Array) and getattr(updates, "dtype", None) == x.dtype:
         key = _signature("write", op, *settings.items(), arrays=(x, index, updates))
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is None:
-        plan, operands = _validation.check_write(
-            op, x, index, updates, mode=mode, backend=backend
-        )
-        if len(operands) == 1 and operands[0] is index:
-            _keep(key, plan)
-        return plan, operands
-    _recheck(x, backend, plan)
-    _validation.check_not_aliased(x, ("indices", index), ("updates", updates))
-    return plan, (index,)
+    plan, operands, kept = _kept_or_checked(key, index, lambda: _validation.check_write(
+        op, x, index, updates, mode=mode, backend=backend
+    ))
+    if kept:
+        _recheck(x, backend, plan)
+        _validation.check_not_aliased(x, ("indices", index), ("updates", updates))
+    return plan, operands
 
 
 def write(
@@ -136,13 +141,12 @@ def _checked_read(x, index, *, mode, fill_value, backend):
         # A float by its bits: -0.0 equals 0.0 and a NaN equals nothing, as dict keys.
         bits = struct.pack("<d", fill_value) if isinstance(fill_value, float) else fill_value
         key = _signature("read", mode, backend, type(fill_value), bits, arrays=(x, index))
-    kept = _PLANS.get(key) if key is not None else None
-    if kept is None:
+
+    def check():
         plan, operands = _validation.check_read(x, index, mode=mode, backend=backend)
-        fill = _validation.check_fill_value(fill_value)
-        if len(operands) == 1 and operands[0] is index:
-            _keep(key, (plan, fill))
-        return plan, operands, fill
-    plan, fill = kept
-    _recheck(x, backend, plan)
-    return plan, (index,), fill
+        return (plan, _validation.check_fill_value(fill_value)), operands
+
+    (plan, fill), operands, kept = _kept_or_checked(key, index, check)
+    if kept:
+        _recheck(x, backend, plan)
+    return plan, operands, fill
