@@ -1,0 +1,195 @@
+"""Lab probe of 2026-12-04 (session 12): resolve duplicates on the host, where XLA's path writes.
+
+Not a benchmark of the project (no CPU test, no report). On a GPU, from the repository root:
+
+    PYTHONPATH=.:docs/lab python docs/lab/host_dedup_probe.py [--xla-option NAME=VALUE]
+
+Question. XLA compiles a scatter into a pinned buffer as host compute: the step ships rows and
+updates by DMA and the CPU applies them, overlapped with the next step. Session 11's
+``xla_path_dedup_probe`` put our duplicate work (``n x n`` check, sort) on the GPU in front of
+that path and always lost: 1.9-26 us per step in the step's stream. Here the same work runs
+inside the host computation (``compute_on("device_host")``), where it costs CPU time that
+overlaps the next step instead of GPU time in this one.
+
+Predictions (written before the first run):
+- set: the host-side ``n x n`` check (64-256 rows) or stable sort (1024+) costs the CPU
+  1-20 us, which the overlap hides while the CPU keeps up with the step: within 1 us of XLA's
+  bare set (6.1 / 10.6 / 29.1 us at 64 / 256 / 1024 x 1 KiB), below ``auto`` (7.8 / 13.4 /
+  36.4), and the last duplicate wins (check "ok" where the bare set says "DIFFERS").
+- add: combining duplicates on the host by a sort costs the CPU more than the scatter-add
+  itself; at 4096 rows the CPU is the bottleneck and it loses. On the Zipf client, where the
+  bare host add took 699.5 us (repeats), host-side combining cures it only if the CPU sort of
+  4096 ids is cheaper than the repeats' slowdown.
+- the explicit ``compute_on`` may itself cost what session 11's explicit host operands cost
+  (``host_add`` 20.7 against 7.5 us at 64 rows); a bare set under ``compute_on`` shows that.
+
+Outcome: (to be filled from the log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.compute_on import compute_on
+from xla_path_dedup_probe import HOST, _compile, _scan, _time, sort_mask_superseded
+
+import pallas_pinned as pp
+from benchmarks import environment
+from benchmarks.sparse_training import _sgd_scan, zipf_ids
+from pallas_pinned import _rows
+
+FULL = {"steps": 100, "buffer": 1 << 30,
+        "cases": ((5, 4), (64, 1024), (256, 1024), (1024, 1024), (4096, 512)),
+        "sparse": (8 << 20, 64, 4096, 40)}
+QUICK = {"steps": 4, "buffer": 1 << 20, "cases": ((64, 1024),), "sparse": (1 << 12, 16, 256, 4)}
+
+
+def _to_host(*arrays):
+    return [jax.device_put(a, jax.memory.Space.Host) for a in arrays]
+
+
+def on_host(body, move_operands=True):
+    """``body(x, r, u)`` run as one host computation; ``r, u`` moved to the host first."""
+    if "out_memory_spaces" in inspect.signature(compute_on).parameters:  # jax >= 0.12
+        hosted = compute_on(jax.jit(body), compute_type="device_host",
+                            out_memory_spaces=jax.memory.Space.Host)
+    else:  # the context manager of earlier releases
+        def hosted(*args):
+            with compute_on("device_host"):
+                return jax.jit(body)(*args)
+
+    def step(x, r, u):
+        if move_operands:
+            r, u = _to_host(r, u)
+        return hosted(x, r, u)
+
+    return step
+
+
+def host_set_bodies(num_rows):
+    def bare(x, r, u):
+        return x.at[r].set(u, mode="drop")
+
+    def nxn(x, r, u):
+        return x.at[_rows.drop_superseded_small(r, num_rows)].set(u, mode="drop")
+
+    def sortmask(x, r, u):
+        return x.at[sort_mask_superseded(r, num_rows)].set(u, mode="drop")
+
+    return {"bare": bare, "nxn": nxn, "sortmask": sortmask}
+
+
+def host_add_bodies():
+    def bare(x, r, u):
+        return x.at[r].add(u, mode="drop")
+
+    def combined(x, r, u):
+        r2, totals = _rows.combine_duplicates(r, u, x.shape[0], small_max=0)
+        return x.at[r2].add(totals, mode="drop", unique_indices=True)
+
+    return {"bare": bare, "comb_sort": combined}
+
+
+def variants(op, num_rows, n):
+    bodies = host_set_bodies(num_rows) if op == "set" else host_add_bodies()
+    ours = pp.scatter_to_host if op == "set" else pp.scatter_add_to_host
+    fns = {"ours_auto": ours,
+           "xla_raw": (lambda x, r, u: x.at[r].set(u, mode="drop")) if op == "set"
+           else (lambda x, r, u: x.at[r].add(u, mode="drop"))}
+    for name, body in bodies.items():
+        if name == "nxn" and n > 1024:
+            continue
+        # jax 0.12 types memory spaces: the duplicate work's iotas and constants are device
+        # values, so only the bare op takes host operands; XLA moves the rest itself.
+        fns[f"host_{name}"] = on_host(body, move_operands=False)
+        if name == "bare":
+            fns["host_bare_put"] = on_host(body)
+    return fns
+
+
+def loop_cases(options, rng, sizes):
+    steps = sizes["steps"]
+    for n, row_bytes in sizes["cases"]:
+        d = row_bytes // 4
+        num_rows = sizes["buffer"] // row_bytes
+        # A few guaranteed repeats per step, so the check sees which duplicate won.
+        ids = rng.integers(0, num_rows, (steps, n), dtype=np.int32)
+        ids[:, n // 2:n // 2 + max(1, n // 16)] = ids[:, :max(1, n // 16)]
+        ids = jnp.asarray(ids)
+        upd = jnp.asarray(rng.standard_normal((steps, n, d), dtype=np.float32))
+        zeros = np.zeros((num_rows, d), np.float32)
+
+        def make_args(fresh, ids=ids, upd=upd, zeros=zeros):
+            return (jax.device_put(zeros, HOST) if fresh else None), ids, upd
+
+        flat = ids.reshape(-1)
+
+        def check(outs, exact, flat=flat):
+            ref = np.asarray(pp.gather_from_host(outs["ours_auto"], flat))
+            for name, out in outs.items():
+                got = np.asarray(pp.gather_from_host(out, flat))
+                err = float(np.max(np.abs(got - ref)))
+                ok = err == 0 if exact else err <= 1e-4
+                print(f"  check {name:14} max |diff| {err:.3g} {'ok' if ok else 'DIFFERS'}",
+                      flush=True)
+
+        for op, exact in (("set", True), ("add", False)):
+            label = f"{op} {n} x {row_bytes} B"
+            args = make_args(fresh=True)
+            fns = variants(op, num_rows, n)
+            compiled = _compile({k: _scan(f) for k, f in fns.items()}, args, options,
+                                None, label)
+            args[0].delete()
+            _time(compiled, make_args, steps,
+                  lambda outs, exact=exact: check(outs, exact), None, label)
+
+
+def sparse(options, rng, sizes):
+    rows, dim, batch, steps = sizes["sparse"]
+    ids = jnp.asarray(zipf_ids(rng, rows, (steps, batch), 1.1))
+    targets = jnp.asarray(rng.standard_normal((steps, batch, dim)).astype(np.float32) / 8)
+    table0 = rng.standard_normal((rows, dim)).astype(np.float32) / 8
+    adds = {"ours_auto": pp.scatter_add_to_host,
+            "xla_raw": lambda x, r, u: x.at[r].add(u)}
+    adds.update({f"host_{k}": on_host(b, move_operands=False)
+                 for k, b in host_add_bodies().items()})
+    fns = {name: _sgd_scan(pp.gather_from_host, add, 0.5) for name, add in adds.items()}
+
+    def make_args(fresh):
+        return (jax.device_put(table0, HOST) if fresh else None), ids, targets
+
+    touched = jnp.asarray(np.unique(np.asarray(ids)))
+
+    def check(outs):
+        ref = np.asarray(pp.gather_from_host(outs["ours_auto"], touched))
+        for name, out in outs.items():
+            err = float(np.max(np.abs(np.asarray(pp.gather_from_host(out, touched)) - ref)))
+            print(f"  check {name:14} max |diff| {err:.3g} {'ok' if err <= 1e-5 else 'DIFFERS'}",
+                  flush=True)
+
+    args = make_args(True)
+    compiled = _compile(fns, args, options, None, "sparse Zipf 4096 x 256 B")
+    args[0].delete()
+    _time(compiled, make_args, steps, check, None, "sparse Zipf 4096 x 256 B")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    environment.add_xla_option(parser)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke test)")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, options "
+          f"{args.compiler_options}, {sizes}", flush=True)
+    rng = np.random.default_rng(0)
+    options = args.compiler_options or None
+    loop_cases(options, rng, sizes)
+    sparse(options, rng, sizes)
+
+
+if __name__ == "__main__":
+    main()
