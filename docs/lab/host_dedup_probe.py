@@ -181,14 +181,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     environment.add_xla_option(parser)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke test)")
+    parser.add_argument("--buffer-mib", type=int, default=None,
+                        help="the quick cases on a buffer of this size (does the cost scale?)")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
+    if args.buffer_mib is not None:
+        sizes = {**QUICK, "buffer": args.buffer_mib << 20, "sparse": None}
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, options "
           f"{args.compiler_options}, {sizes}", flush=True)
     rng = np.random.default_rng(0)
     options = args.compiler_options or None
     loop_cases(options, rng, sizes)
-    sparse(options, rng, sizes)
+    if sizes["sparse"] is not None:
+        sparse(options, rng, sizes)
 
 
 if __name__ == "__main__":
