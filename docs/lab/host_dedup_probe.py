@@ -23,7 +23,29 @@ Predictions (written before the first run):
 - the explicit ``compute_on`` may itself cost what session 11's explicit host operands cost
   (``host_add`` 20.7 against 7.5 us at 64 rows); a bare set under ``compute_on`` shows that.
 
-Outcome: (to be filled from the log).
+Outcome (H200, jax 0.11.2, 2026-12-04; logs beside this file). The premise was wrong.
+- The first full run (18:35 UTC, tree ``92d7a9a``, graphed, ``host_dedup_probe_h200_1835.log``)
+  compiled and checked its first case, 5 x 4 B on the 1 GiB buffer, then ran out of its
+  420 s before the first timing finished. Only XLA's bare set "DIFFERS" from ``auto``: every
+  host computation kept the last duplicate.
+- The explicit host computation costs in proportion to the buffer, not to the write. Set of
+  64 x 1 KiB, us per step (18:44 UTC, tree ``35b8bff``, XLA's defaults, 4 steps a scan,
+  ``host_dedup_probe_{1,16,128}mib_h200_1844.log``):
+
+  | buffer | bare ``compute_on`` | with the ``n x n`` check | XLA's bare set |
+  |---|---|---|---|
+  | 1 MiB | 568.6 | 578.1 | 43.2 |
+  | 16 MiB | 2494.1 | 2496.5 | 69.5 |
+  | 128 MiB | 23693.9 | 23662.2 | 66.8 |
+
+  That is about 0.18 ms per MiB of buffer (5.5 GB/s), as if each step's ``HostExecute``
+  copied the whole buffer once; we did not trace what it does. Adds are the same (20844 us at 128 MiB).
+- The duplicate work costs nothing measurable on the host (the ``n x n`` and sort variants
+  are within the noise of the bare one), but the host computation itself is out of the question
+  for a buffer larger than device memory.
+- And XLA's bare scatter never was host compute. ``xla_scatter_hlo_probe.py`` shows a GPU
+  scatter kernel storing over PCIe. So the overlap this probe set out to use does not exist.
+  Nothing in the library changed.
 """
 
 from __future__ import annotations
