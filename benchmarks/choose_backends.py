@@ -33,8 +33,8 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
   ``ours_set`` / ``ours_add`` with ``backend="auto"`` whose step launched none
   of our kernels (the table in force then said ``xla``), in the source run or
   else in an earlier run (``--xla-path-from``), judged against that same run's
-  kernel. XLA's path applies the rows on the host CPU, so a step that reads
-  them back waits for it: where that run also timed the write-then-read rows
+  kernel. A fast write can still lose once the step reads the rows back: where
+  that run also timed the write-then-read rows
   (``ours_set_read`` / ``ours_add_read``), the path must not be slower there
   than the kernel by more than the noise in any case. Where no run measured
   it, the kernel stays. The default evidence is a graphed run made for it
@@ -52,7 +52,7 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
   on XLA's add path took 705.0 us per step against the kernels' 73.2; on
   uniform ids (``--distinct-client-from``, 16:09 UTC, about 4095 distinct of
   4096) 120.0 against 135.3. XLA's own training on the same table took 765.7
-  and 171.2: its host add slows with repeated rows. So an add class takes
+  and 171.2: its add slows with repeated rows. So an add class takes
   XLA's path only where the Zipf client was not slower by more than the
   noise; where only the uniform one was not, the entry's ``distinct_backend``
   is ``xla``: what ``auto`` runs for rows known distinct (``unique_indices=True``

@@ -1,10 +1,11 @@
 """The loop benchmark's measured floor of an in-stream kernel write.
 
-XLA's own set/add on a pinned buffer ships the updates by async DMA and applies
-them on the host CPU, overlapped with later GPU steps; our writes are kernels in
-the GPU stream (a Pallas or Triton custom call aliasing the buffer), which the
-next step waits for. Where a kernel stays slower than XLA, two measured parts
-bound what any in-stream kernel write can cost per step:
+XLA's own set/add on a pinned buffer is a GPU scatter kernel storing into the
+buffer over PCIe (``docs/lab/xla_scatter_hlo_probe.py``: XLA tags it host compute
+but runs it on the GPU); our writes are kernels in the same stream (a Pallas or
+Triton custom call aliasing the buffer) after our ordering and duplicate work.
+Where a kernel stays slower than XLA, two measured parts bound what any
+in-stream kernel write can cost per step:
 
 * ``floor_launch`` (a provider of the grid): the baseline step plus ONE aliased
   Pallas kernel that writes nothing but takes the step's indices and updates

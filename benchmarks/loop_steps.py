@@ -26,9 +26,9 @@ the device, then writes (or, for the baseline, does not):
   ``ours_add_unique_read``, whose write promises unique indices) add or set
   the updates at the step's rows, then read those rows back and carry them
   (with the buffer), as a client that uses what it wrote must (a KV cache, a
-  replay buffer): XLA's host add and set (which ``auto`` may run where the
-  backend table says so) are off the GPU's path only while nobody reads the
-  rows.
+  replay buffer): a write that is fast alone (XLA's add and set, which ``auto``
+  may run where the backend table says so) can still lose once its rows are
+  read back.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ through to (tokamax's registry is the model):
   benchmarks.choose_backends`` from the loop benchmark; the file names its
   source); each must also be importable and able to launch here;
 * ``"xla_native"``: XLA's own formulation, ``x.at[rows].set(y)`` or
-  ``.add(y)``; for a host buffer XLA ships the data by DMA and applies it on
-  the CPU, overlapped with the next step. ``auto`` runs it where the table
+  ``.add(y)``; for a host buffer XLA compiles it to a GPU scatter kernel that
+  stores into the buffer over PCIe, as ours do (it tags that kernel host
+  compute but runs it on the GPU). ``auto`` runs it where the table
   measured it faster than the kernels (small float32 sets in a loop; float32
   sets and adds of rows known distinct, an entry's ``distinct_backend``); a
   set's bits are the same (the last write wins), an add's sums too up to the
@@ -279,9 +280,9 @@ def _xla_path_serves(op: str, dtype) -> bool:
     order of duplicates, where XLA adds in our accumulator's dtype (float32; bfloat16
     sums would round at every step). min, max and mul follow add's entries but have no
     XLA formulation here. The table takes XLA's path only where it was also measured
-    with the rows read back, since a later read waits for the host CPU's write, and for
-    add only where a real client measured it too: XLA's host add slows tenfold on ids
-    that repeat (``benchmarks.choose_backends``).
+    with the rows read back (XLA's path lost there in some cases), and for add only
+    where a real client measured it too: XLA's add slowed tenfold on ids that repeat
+    (``benchmarks.choose_backends``).
     """
     if op == "set":
         return True
@@ -294,7 +295,7 @@ def xla_host_path_trusted() -> bool:
 
     Only on the jax release the table was measured with: XLA's handling of
     dynamic indices into host memory changes between releases (older ones
-    abort, 0.11 runs host compute), so elsewhere it is unmeasured and the
+    abort, 0.11 tags it host compute), so elsewhere it is unmeasured and the
     kernels serve. Never when XLA is told not to offload host compute
     (``--xla_disable_automatic_host_compute_offload``), which that path needs.
     """

@@ -91,8 +91,8 @@ def _xla(x2d, rows, updates2d, cfg: RowWrite):
 
 def _xla_native(x2d, rows, updates2d, cfg: RowWrite):
     """XLA's own formulation of a set or an add, ``x2d.at[rows].set/add(updates2d)``: what
-    ``auto`` runs where the table measured it faster (for a host buffer, XLA ships the
-    data and applies it on the CPU, off the GPU's stream).
+    ``auto`` runs where the table measured it faster (for a host buffer, a GPU scatter
+    kernel of XLA's that stores into the buffer over PCIe, without our ordering work).
 
     The rows are normalized here, at full width, so XLA only ever sees rows in range or
     skip markers (its host path truncated 64-bit indices on the H200). XLA applies

@@ -74,8 +74,8 @@ def test_choose_backends_keeps_the_set_kernel_where_auto_s_xla_path_was_not_fast
 
 
 def test_choose_backends_takes_xla_s_set_path_only_where_a_read_back_does_not_lose():
-    # XLA's path applies the rows on the host CPU, so a step that reads them back
-    # waits: its set-then-read rows (auto's counted only where the same run's set ran
+    # XLA's path lost in some cases where the step reads the rows back, so its
+    # set-then-read rows (auto's counted only where the same run's set ran
     # XLA's path) must not be slower than the kernel's by more than the noise.
     def run(read_us):
         return [

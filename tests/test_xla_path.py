@@ -3,7 +3,7 @@ formulation faster than our kernels (``pallas_pinned._registry``), on the jax re
 the table was measured with.
 
 Set takes it where measured, after our de-duplication (the last duplicate wins); add
-takes it for rows known distinct only (XLA's host add slowed tenfold on ids that repeat
+takes it for rows known distinct only (XLA's add slowed tenfold on ids that repeat
 in the sparse-training client). The formulation itself is checked against jnp here on
 any platform, and on the GPU as the step runs it.
 """
@@ -88,7 +88,7 @@ def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch
 
 
 def test_auto_gives_add_s_xla_path_to_rows_known_distinct_only(monkeypatch):
-    # XLA's host add slowed tenfold on ids that repeat (the sparse client on Zipf ids)
+    # XLA's add slowed tenfold on ids that repeat (the sparse client on Zipf ids)
     # and won on ids that seldom do, so a table's distinct_backend serves only rows known
     # distinct: promised unique_indices, or an index form that cannot repeat a row.
     table = {"size_classes": [16], "choices": {"add": {"float32": {

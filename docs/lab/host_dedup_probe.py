@@ -38,8 +38,9 @@ Outcome (H200, jax 0.11.2, 2026-12-04; logs beside this file). The premise was w
   | 16 MiB | 2494.1 | 2496.5 | 69.5 |
   | 128 MiB | 23693.9 | 23662.2 | 66.8 |
 
-  That is about 0.18 ms per MiB of buffer (5.5 GB/s), as if each step's ``HostExecute``
-  copied the whole buffer once; we did not trace what it does. Adds are the same (20844 us at 128 MiB).
+  That is about 0.18 ms per MiB of buffer (5.7 GB/s), as if each step's ``HostExecute``
+  copied the whole buffer once; we did not trace what it does. Adds are the same (20844 us
+  at 128 MiB).
 - The duplicate work costs nothing measurable on the host (the ``n x n`` and sort variants
   are within the noise of the bare one), but the host computation itself is out of the question
   for a buffer larger than device memory.
