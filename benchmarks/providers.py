@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,11 +38,18 @@ GIB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-    """A provider bound to one case: ``step(state, *args)``, ``prepare()`` untimed."""
+    """A provider bound to one case: ``step(state, *args)``, ``prepare()`` untimed.
+
+    ``unsynced`` is the same step without its own wait and ``wait(state)`` waits
+    for every step issued: given both, the sweep also times calls back to back,
+    as a loop of calls runs (no wait between them).
+    """
 
     step: Callable
     args: tuple = ()
     prepare: Callable[[], tuple] | None = None
+    unsynced: Callable | None = None
+    wait: Callable[[Any], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +119,11 @@ def _carry(pick: Callable[[CaseData], str]):
 
     def bind(data: CaseData, updates) -> Bound:
         fn = JITTED[pick(data)]
-        return Bound(lambda x, i, u: fn(x, i, u), (data.idx_dev, updates))
+
+        def step(x, i, u):
+            return fn(x, i, u)
+
+        return Bound(step, (data.idx_dev, updates), unsynced=step, wait=jax.block_until_ready)
 
     return bind
 
@@ -253,12 +265,18 @@ def _bind_torch_ceiling(bench: Bench, data: CaseData, updates) -> Bound:
     payload = updates.contiguous().view(bench.torch.uint8).view(-1)
     dst = bench.host.tensor[: payload.numel()]
 
-    def copy(state):
+    def copy_unsynced(state):
         dst.copy_(payload, non_blocking=True)
+        return state
+
+    def wait(state):
         bench.torch.cuda.synchronize()
         return state
 
-    return Bound(copy)
+    def copy(state):
+        return wait(copy_unsynced(state))
+
+    return Bound(copy, unsynced=copy_unsynced, wait=wait)
 
 
 def _bind_torch_triton(bench: Bench, peer, data: CaseData, updates) -> Bound:

@@ -121,13 +121,14 @@ def print_table(header: Sequence[str], rows: list[list[str]], title: str,
     Console(width=200).print(table)
 
 
-SWEEP_HEADER = ["case", "provider", "median", "GB/s", "M upd/s", "of ceiling", "correct", "note"]
+SWEEP_HEADER = ["case", "provider", "median", "GB/s", "M upd/s", "of ceiling",
+                "back to back", "correct", "note"]
 
 
 def sweep_table_rows(records: Iterable[dict]) -> list[list[str]]:
     rows = []
     for r in records:
-        frac = r.get("frac_of_ceiling")
+        frac, b2b = r.get("frac_of_ceiling"), r.get("b2b_frac_of_ceiling")
         rows.append([
             f"{r['pattern']} {r['dtype']} {r['row_bytes']}B n={format_count(r['n_updates'])}",
             r["provider"],
@@ -135,6 +136,7 @@ def sweep_table_rows(records: Iterable[dict]) -> list[list[str]]:
             _fmt(r.get("gbps"), ".2f"),
             _fmt(None if r.get("updates_per_s") is None else r["updates_per_s"] / 1e6, ".1f"),
             "-" if frac is None else f"{100 * frac:.0f}%",
+            "-" if b2b is None else f"{100 * b2b:.0f}%",
             {True: "yes", False: "NO", None: "-"}[r.get("correct")],
             r["status"] if r["status"] != "ok" else "",
         ])
@@ -258,9 +260,15 @@ def _line_a(records, ours: dict, buffer_bytes: int) -> str:
 
 
 def _line_bc(label: str, r: dict) -> str:
-    return (f"{label} {r['row_bytes']} B random rows, n={format_count(r['n_updates'])}: "
+    line = (f"{label} {r['row_bytes']} B random rows, n={format_count(r['n_updates'])}: "
             f"ours {r['gbps']:.1f} GB/s, ceiling {_fmt_gbps(r['ceiling_gbps'])}, "
             f"ours/ceiling {_ratio(r['gbps'], r['ceiling_gbps'])}")
+    if r.get("b2b_gbps"):
+        ceiling = r["b2b_gbps"] / r["b2b_frac_of_ceiling"] if r.get("b2b_frac_of_ceiling") else None
+        line += (f"; {r['b2b_calls']} calls back to back: ours {r['b2b_gbps']:.1f} GB/s, "
+                 f"ceiling {_fmt_gbps(ceiling)}, ours/ceiling "
+                 f"{_ratio(r['b2b_gbps'], ceiling)}")
+    return line
 
 
 def _line_d(records, ours: dict) -> str:

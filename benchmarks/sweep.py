@@ -48,7 +48,9 @@ from benchmarks.workspace import (
 GIB, MIB = 1 << 30, 1 << 20
 CSV_LEADING = ["case", "provider", "pattern", "dtype", "row_bytes", "n_updates", "median_s",
                "min_s", "max_s", "reps", "gbps", "updates_per_s", "ceiling_gbps",
-               "frac_of_ceiling", "correct", "status"]
+               "frac_of_ceiling", "b2b_gbps", "b2b_frac_of_ceiling", "correct", "status"]
+# Rounds of back-to-back calls a record gets (each round one sample).
+BACK_TO_BACK_ROUNDS = 5
 
 
 def base_record(bench: Bench, data: CaseData, name: str, impl: str) -> dict:
@@ -60,7 +62,9 @@ def base_record(bench: Bench, data: CaseData, name: str, impl: str) -> dict:
         "buffer_bytes": bench.buffer_bytes, "payload_bytes": c.n_updates * c.row_bytes,
         "status": "ok", "correct": None, "median_s": None, "min_s": None, "max_s": None,
         "reps": 0, "gbps": None, "updates_per_s": None, "ceiling_gbps": None,
-        "frac_of_ceiling": None, "impl": impl, "check": None, "notes": "",
+        "frac_of_ceiling": None, "b2b_median_s": None, "b2b_min_s": None, "b2b_max_s": None,
+        "b2b_calls": 0, "b2b_gbps": None, "b2b_frac_of_ceiling": None,
+        "impl": impl, "check": None, "notes": "",
     }
 
 
@@ -98,8 +102,12 @@ def check_once(bench: Bench, data: CaseData, provider: Provider, k: int) -> tupl
     return mismatch or "", out["text"]
 
 
-def measure(bench: Bench, data: CaseData, provider: Provider) -> timing.Timing | float:
-    """The timing, or the seconds of one run when that is over --max-run-s."""
+def measure(
+    bench: Bench, data: CaseData, provider: Provider,
+) -> tuple[timing.Timing | float, timing.Timing | None]:
+    """The synchronized timing (or the seconds of one run when that is over --max-run-s)
+    and, where the case's row size asks for it and the provider can, the calls back to back.
+    """
     bound = provider.bind(data, main_updates(bench, data, provider.updates))
     state = bench.x if provider.target == "jax" else None
     args = bench.args
@@ -113,10 +121,19 @@ def measure(bench: Bench, data: CaseData, provider: Provider) -> timing.Timing |
 
     state, warm = timed(state, args.warmup)
     if warm.max_s > args.max_run_s:
-        return warm.max_s
+        return warm.max_s, None
     reps = timing.choose_reps(warm.median_s, min_reps=args.reps, max_reps=args.max_reps,
                               min_total_s=args.min_time_s)
-    return timed(state, reps)[1]
+    state, synchronized = timed(state, reps)
+    wanted = data.case.row_bytes in args.back_to_back_row_bytes
+    if not wanted or bound.unsynced is None or bound.prepare is not None:
+        return synchronized, None
+    state, back_to_back = timing.measure_back_to_back(
+        bound.unsynced, bound.wait, state, *bound.args, calls=args.back_to_back_calls,
+        rounds=BACK_TO_BACK_ROUNDS)
+    if provider.target == "jax":
+        bench.x = state
+    return synchronized, back_to_back
 
 
 def _fail(record: dict, err: BaseException) -> dict:
@@ -136,7 +153,7 @@ def run_pair(bench: Bench, data: CaseData, provider: Provider, k: int) -> dict:
         return record
     try:
         mismatch, captured = check_once(bench, data, provider, k)
-        measured = measure(bench, data, provider)
+        measured, back_to_back = measure(bench, data, provider)
     except Exception as err:  # noqa: BLE001 - recorded as an error; the run fails at the end
         if provider.target == "jax" and bench.ensure_buffer():
             data.before.pop("jax", None)
@@ -155,6 +172,10 @@ def run_pair(bench: Bench, data: CaseData, provider: Provider, k: int) -> dict:
     record.update(median_s=measured.median_s, min_s=measured.min_s, max_s=measured.max_s,
                   reps=measured.reps, gbps=payload / measured.median_s / 1e9,
                   updates_per_s=data.case.n_updates / measured.median_s)
+    if back_to_back is not None:
+        record.update(b2b_median_s=back_to_back.median_s, b2b_min_s=back_to_back.min_s,
+                      b2b_max_s=back_to_back.max_s, b2b_calls=bench.args.back_to_back_calls,
+                      b2b_gbps=payload / back_to_back.median_s / 1e9)
     return record
 
 
@@ -166,6 +187,9 @@ def fill_ceiling(records: list[dict]) -> None:
         r["ceiling_gbps"] = ceiling["gbps"]
         if r["gbps"]:
             r["frac_of_ceiling"] = r["gbps"] / ceiling["gbps"]
+        if r["b2b_gbps"] and ceiling["b2b_gbps"]:
+            # Back to back against the copy engine back to back: the same loop of calls.
+            r["b2b_frac_of_ceiling"] = r["b2b_gbps"] / ceiling["b2b_gbps"]
 
 
 def run_case(bench: Bench, case: Case, providers: list[Provider], absent: dict[str, str],
@@ -227,6 +251,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a provider whose single run is slower is not timed")
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="skip what is left after this long (default 320 full, 70 quick)")
+    p.add_argument("--back-to-back-row-bytes", type=cases.parse_counts, default=(512, 2048, 8192),
+                   help="row sizes whose cases are also timed as calls back to back")
+    p.add_argument("--back-to-back-calls", type=int, default=10,
+                   help="calls per back-to-back round")
     p.add_argument("--check-rows", type=int, default=65536, help="written rows checked at most")
     p.add_argument("--check-mib", type=int, default=32, help="written bytes checked at most")
     p.add_argument("--check-others", type=int, default=4096, help="random other rows checked")
@@ -235,8 +263,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
-    if args.reps < 1 or args.warmup < 1:
-        p.error(f"--reps and --warmup must be >= 1, got {args.reps} and {args.warmup}")
+    if args.reps < 1 or args.warmup < 1 or args.back_to_back_calls < 1:
+        p.error(f"--reps, --warmup and --back-to-back-calls must be >= 1, got {args.reps}, "
+                f"{args.warmup} and {args.back_to_back_calls}")
     return args
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,28 @@ def measure(
     """``time_calls`` summarized: returns ``(state, Timing)``."""
     state, seconds = time_calls(fn, state, *args, repeats=repeats, warmup=warmup, prepare=prepare)
     return state, Timing.of(seconds)
+
+
+def measure_back_to_back(
+    step: Callable[..., Any], wait: Callable[[Any], Any], state: Any, *args: Any,
+    calls: int, rounds: int,
+) -> tuple[Any, Timing]:
+    """Per-call seconds of ``calls`` calls issued with no wait between them, then one wait.
+
+    A loop of calls runs this way: the next call is dispatched while the last one
+    still runs, so a call's fixed cost (dispatch, launch, completion) overlaps its
+    neighbours'. Each of ``rounds`` rounds gives one sample, its time over ``calls``.
+    Run it after a synchronized measurement of the same step (compilation and
+    first touch done). Returns ``(state, Timing)``.
+    """
+    per_call = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            state = step(state, *args)
+        state = wait(state)
+        per_call.append((time.perf_counter() - start) / calls)
+    return state, Timing.of(per_call)
 
 
 def choose_reps(one_run_s: float, *, min_reps: int, max_reps: int, min_total_s: float) -> int:

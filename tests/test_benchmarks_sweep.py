@@ -52,6 +52,8 @@ def sweep_run(tmp_path_factory):
         # ours_triton needs a GPU: recorded as skipped, never as an error.
         "--providers", "ceiling,ours_triton," + ",".join(SCATTERS),
         "--reps", "3", "--max-reps", "5", "--min-time-s", "0",
+        # Back to back where the GPU sweep does it for the ceiling ratios (512 B and up).
+        "--back-to-back-row-bytes", "8", "--back-to-back-calls", "4",
     ]
     done = run_cli([], code=_SWEEP.format(argv=argv))
     assert done.returncode == 0, explain(done)
@@ -113,6 +115,37 @@ def test_kernel_without_sort_is_skipped_only_for_duplicates(sweep_run):
         if r["provider"] == "ours_nocoalesce":
             expected_skip = r["pattern"] == "random_dup25"
             assert r["status"].startswith("skipped") == expected_skip, r["status"]
+
+
+def test_calls_back_to_back_are_timed_where_the_provider_can_issue_them(sweep_run):
+    out, stdout = sweep_run
+    for r in _records(out):
+        if r["status"] != "ok":
+            continue
+        carried = r["provider"] in ("ours", "ours_nocoalesce", "xla")
+        assert (r["b2b_gbps"] is not None) == carried, (r["case"], r["provider"])
+        if carried:
+            assert r["b2b_calls"] == 4
+            assert 0 < r["b2b_min_s"] <= r["b2b_median_s"] <= r["b2b_max_s"], r
+            payload = r["n_updates"] * r["row_bytes"]
+            assert r["b2b_gbps"] == pytest.approx(payload / r["b2b_median_s"] / 1e9)
+        # CPU's ceiling (jax.device_put, allocating) is not issued back to back, so no
+        # back-to-back ratio is made up against the synchronized one.
+        assert r["b2b_frac_of_ceiling"] is None
+    assert "back to back" in stdout
+
+
+def test_back_to_back_ratio_takes_the_ceiling_back_to_back():
+    from benchmarks import sweep
+
+    def record(provider, gbps, b2b):
+        return {"provider": provider, "gbps": gbps, "b2b_gbps": b2b}
+
+    found = [record("ceiling", 40.0, 50.0), record("ours", 30.0, 45.0), record("xla", 1.0, None)]
+    sweep.fill_ceiling(found)
+    assert found[1]["frac_of_ceiling"] == pytest.approx(0.75)
+    assert found[1]["b2b_frac_of_ceiling"] == pytest.approx(0.9)
+    assert "b2b_frac_of_ceiling" not in found[2]
 
 
 def test_ceiling_of_the_same_case_is_attached(sweep_run):
