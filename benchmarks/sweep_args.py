@@ -1,0 +1,62 @@
+"""The command line of ``python -m benchmarks.sweep`` (its flags and their checks)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks import cases, environment
+from benchmarks.providers import ALL_PROVIDERS
+
+_DESCRIPTION = ("Sweep: scatter_to_host against XLA, host round trips, copies and peers, "
+                "one call per case.")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sweep",
+                                description=_DESCRIPTION,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="only the target cases")
+    p.add_argument("--cpu", action="store_true", help="force the tiny CPU sweep")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--out", type=Path, default=environment.REPO / "benchmarks" / "results")
+    p.add_argument("--providers", type=cases.choices(ALL_PROVIDERS), default=None,
+                   help=f"comma list from {', '.join(ALL_PROVIDERS)}")
+    p.add_argument("--patterns", type=cases.choices(cases.SWEPT_PATTERNS), default=None)
+    p.add_argument("--dtypes", type=cases.choices(cases.DTYPES), default=None)
+    p.add_argument("--row-bytes", type=cases.parse_counts, default=None, help="e.g. 4,512,8K")
+    p.add_argument("--counts", type=cases.parse_counts, default=None,
+                   help="update counts, e.g. 5,1K,16M")
+    p.add_argument("--max-buffer-gib", type=float, default=None,
+                   help="size of the pinned buffer (default 4 on GPU, 1/256 on CPU)")
+    p.add_argument("--max-payload-mib", type=float, default=None,
+                   help="cap on n_updates * row_bytes (default 512 on GPU, buffer/4 on CPU)")
+    p.add_argument("--big-buffer-gib", type=float, default=None,
+                   help="also probe device memory growth with a buffer this big (e.g. 32)")
+    p.add_argument("--no-memory-probe", action="store_true")
+    p.add_argument("--probe-updates", type=cases.parse_count, default=1 << 24)
+    p.add_argument("--reps", type=int, default=10, help="timed runs at least")
+    p.add_argument("--max-reps", type=int, default=200)
+    p.add_argument("--min-time-s", type=float, default=0.05,
+                   help="fast cases repeat until this much time is timed")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs after the checked one")
+    p.add_argument("--max-run-s", type=float, default=2.0,
+                   help="a provider whose single run is slower is not timed")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="skip what is left after this long (default 320 full, 70 quick)")
+    p.add_argument("--back-to-back-row-bytes", type=cases.parse_counts, default=(512, 2048, 8192),
+                   help="row sizes whose cases are also timed as calls back to back")
+    p.add_argument("--back-to-back-calls", type=int, default=10,
+                   help="calls per back-to-back round")
+    p.add_argument("--check-rows", type=int, default=65536, help="written rows checked at most")
+    p.add_argument("--check-mib", type=int, default=32, help="written bytes checked at most")
+    p.add_argument("--check-others", type=int, default=4096, help="random other rows checked")
+    p.add_argument("--roundtrip-min-updates", type=cases.parse_count, default=1 << 20)
+    p.add_argument("--interpret-max-updates", type=cases.parse_count, default=1 << 12)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    if args.reps < 1 or args.warmup < 1 or args.back_to_back_calls < 1:
+        p.error(f"--reps, --warmup and --back-to-back-calls must be >= 1, got {args.reps}, "
+                f"{args.warmup} and {args.back_to_back_calls}")
+    return args
