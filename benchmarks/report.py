@@ -264,7 +264,7 @@ def _line_bc(label: str, r: dict) -> str:
             f"ours {r['gbps']:.1f} GB/s, ceiling {_fmt_gbps(r['ceiling_gbps'])}, "
             f"ours/ceiling {_ratio(r['gbps'], r['ceiling_gbps'])}")
     if r.get("b2b_gbps"):
-        ceiling = r["b2b_gbps"] / r["b2b_frac_of_ceiling"] if r.get("b2b_frac_of_ceiling") else None
+        ceiling = r.get("b2b_ceiling_gbps")
         line += (f"; {r['b2b_calls']} calls back to back: ours {r['b2b_gbps']:.1f} GB/s, "
                  f"ceiling {_fmt_gbps(ceiling)}, ours/ceiling "
                  f"{_ratio(r['b2b_gbps'], ceiling)}")

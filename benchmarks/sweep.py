@@ -64,7 +64,7 @@ def base_record(bench: Bench, data: CaseData, name: str, impl: str) -> dict:
         "status": "ok", "correct": None, "median_s": None, "min_s": None, "max_s": None,
         "reps": 0, "gbps": None, "updates_per_s": None, "ceiling_gbps": None,
         "frac_of_ceiling": None, "b2b_median_s": None, "b2b_min_s": None, "b2b_max_s": None,
-        "b2b_calls": 0, "b2b_gbps": None, "b2b_frac_of_ceiling": None,
+        "b2b_calls": 0, "b2b_gbps": None, "b2b_ceiling_gbps": None, "b2b_frac_of_ceiling": None,
         "impl": impl, "check": None, "notes": "",
     }
 
@@ -190,6 +190,7 @@ def fill_ceiling(records: list[dict]) -> None:
             r["frac_of_ceiling"] = r["gbps"] / ceiling["gbps"]
         if r["b2b_gbps"] and ceiling["b2b_gbps"]:
             # Back to back against the copy engine back to back: the same loop of calls.
+            r["b2b_ceiling_gbps"] = ceiling["b2b_gbps"]
             r["b2b_frac_of_ceiling"] = r["b2b_gbps"] / ceiling["b2b_gbps"]
 
 

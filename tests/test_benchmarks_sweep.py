@@ -145,6 +145,7 @@ def test_back_to_back_ratio_takes_the_ceiling_back_to_back():
     sweep.fill_ceiling(found)
     assert found[1]["frac_of_ceiling"] == pytest.approx(0.75)
     assert found[1]["b2b_frac_of_ceiling"] == pytest.approx(0.9)
+    assert found[1]["b2b_ceiling_gbps"] == 50.0
     assert "b2b_frac_of_ceiling" not in found[2]
 
 
