@@ -243,6 +243,8 @@ def sweep_summary(records: list[dict], probes: list[dict], buffer_bytes: int) ->
             at_rb = [r for r in ours if r["row_bytes"] == rb]
             if at_rb:
                 lines.append(_line_bc(label, max(at_rb, key=lambda r: r["n_updates"])))
+            else:
+                lines += _untimed(records, label, rb)
         lines.append(_line_d(records, min(narrow, key=lambda r: r["n_updates"])))
     return lines + [_probe_line(p) for p in probes]
 
@@ -269,6 +271,14 @@ def _line_bc(label: str, r: dict) -> str:
                  f"ceiling {_fmt_gbps(ceiling)}, ours/ceiling "
                  f"{_ratio(r['b2b_gbps'], ceiling)}")
     return line
+
+
+def _untimed(records, label: str, row_bytes: int) -> list[str]:
+    """A planned target whose ``ours`` has no timing says so, rather than vanishing."""
+    planned = [r for r in records if r["provider"] == "ours" and r["row_bytes"] == row_bytes
+               and r["pattern"] == "random_unique" and r["dtype"] == "float32"]
+    return [f"{label} {row_bytes} B random rows, n={format_count(r['n_updates'])}: ours not "
+            f"timed ({r['status']})" for r in planned[-1:]]
 
 
 def _line_d(records, ours: dict) -> str:

@@ -83,6 +83,9 @@ class Bench:
     host: HostTarget | None = None
     x: jax.Array | None = None
     layout: tuple | None = None
+    # Per row size, the largest planned count of random unique float32: the
+    # summary's target cases (``cases.is_target``).
+    largest: dict[int, int] = dataclasses.field(default_factory=dict)
     started: float = dataclasses.field(default_factory=time.monotonic)
     notes: dict = dataclasses.field(default_factory=dict)
 

@@ -117,12 +117,14 @@ def test_kernel_without_sort_is_skipped_only_for_duplicates(sweep_run):
             assert r["status"].startswith("skipped") == expected_skip, r["status"]
 
 
-def test_calls_back_to_back_are_timed_where_the_provider_can_issue_them(sweep_run):
+def test_calls_back_to_back_are_timed_for_the_ratios_the_summary_reads(sweep_run):
+    # Of this run's providers only ours is read back to back and can be issued so
+    # (ours_triton is skipped on CPU; the CPU ceiling, jax.device_put, cannot be).
     out, stdout = sweep_run
     for r in _records(out):
         if r["status"] != "ok":
             continue
-        carried = r["provider"] in ("ours", "ours_nocoalesce", "xla")
+        carried = r["provider"] == "ours"
         assert (r["b2b_gbps"] is not None) == carried, (r["case"], r["provider"])
         if carried:
             assert r["b2b_calls"] == 4
@@ -167,6 +169,42 @@ def test_csv_matches_json_and_summary_is_printed(sweep_run):
     assert meta["jax"] and meta["date_utc"] and meta["jax_backend"] == "cpu"
     assert meta["thresholds"]["sort_min_updates"] >= 0
     assert "(a)" in stdout and "(d)" in stdout
+
+
+def test_the_time_budget_never_skips_what_the_summary_reads(tmp_path):
+    # A budget spent before the first case: the target cases (5 and 300 rows of 4 B,
+    # the largest count of 512 B) still time the ceiling, ours and xla; everything
+    # else is skipped, and the summary's 512 B line has its numbers.
+    done = run_cli(["benchmarks.sweep", "--cpu", "--out", str(tmp_path), "--no-plots",
+                    "--row-bytes", "4,512", "--counts", "5,300", "--patterns", "random_unique",
+                    "--dtypes", "float32", "--providers", "ceiling,ours,xla,host_roundtrip",
+                    "--reps", "2", "--min-time-s", "0", "--time-budget-s", "0.001",
+                    "--back-to-back-calls", "2"])
+    assert done.returncode == 0, explain(done)
+    for r in _records(tmp_path):
+        target = r["row_bytes"] == 4 or r["n_updates"] == 300
+        essential = target and r["provider"] in ("ceiling", "ours", "xla")
+        assert (r["status"] == "ok") == essential, (r["case"], r["provider"], r["status"])
+    ours_512 = next(r for r in _records(tmp_path)
+                    if r["provider"] == "ours" and r["row_bytes"] == 512 and r["n_updates"] == 300)
+    assert ours_512["b2b_gbps"] is not None
+    assert "(b) 512 B random rows, n=300: ours" in done.stdout
+    assert "2 calls back to back" in done.stdout
+
+
+def test_a_target_without_a_timing_is_named_in_the_summary():
+    from benchmarks import report
+
+    def record(provider, row_bytes, n, status="ok", median_s=1e-3):
+        return {"provider": provider, "row_bytes": row_bytes, "n_updates": n,
+                "pattern": "random_unique", "dtype": "float32", "status": status,
+                "median_s": median_s if status == "ok" else None, "gbps": 1.0,
+                "ceiling_gbps": 2.0, "updates_per_s": n / median_s}
+
+    found = [record("ours", 4, 5), record("xla", 4, 5),
+             record("ours", 2048, 1024, status="error")]
+    lines = report.sweep_summary(found, [], 1 << 30)
+    assert "(c) 2048 B random rows, n=1K: ours not timed (error)" in lines
 
 
 @pytest.mark.parametrize(
