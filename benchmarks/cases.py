@@ -241,7 +241,8 @@ def estimate_sweep_seconds(plan: list[Case], providers: tuple[str, ...], args, s
 
 # Rough H200 per-step costs for the estimate only: a fixed launch cost per
 # kernel-bound step plus the step's bytes at a rate. XLA's scatter into a
-# pinned buffer runs as host compute on jax 0.11.2 (slow); ours is a kernel.
+# pinned buffer (a GPU kernel tagged host compute on jax 0.11.2) slows from a
+# few thousand rows; ours is a kernel.
 _LOOP_STEP = {"ours": (25e-6, 20e9), "xla": (60e-6, 3e9), "baseline": (8e-6, 1e12)}
 # Per case: making and uploading the tables, compiling its programs side by
 # side (~0.5-1 s each on 16 cores). Per (case, provider): two sampled reads of

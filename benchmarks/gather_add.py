@@ -9,12 +9,14 @@ Cases: random unique rows of 4, 512 and 2048 bytes (float32) from/into a
 * ``gather_ours``: ``gather_from_host`` (the kernel reads rows over PCIe);
 * ``gather_xla``: ``x[i]`` on the pinned buffer under jit, the indices moved
   to host memory first (jax refuses a gather whose operands live in different
-  memory spaces), the rows then moved to the device: XLA's host compute;
+  memory spaces), the rows then moved to the device (XLA tags the gather host
+  compute; we have not looked at what it compiles to);
 * ``gather_ceiling``: pinned->device copy of a contiguous payload of the
   same bytes (the read-direction PCIe ceiling);
 * ``set_ours`` / ``add_ours``: ``scatter_to_host`` and ``scatter_add_to_host``
   on the same case, for the add/set ratio;
-* ``add_xla``: ``x.at[i].add(u)`` on the pinned buffer (host compute).
+* ``add_xla``: ``x.at[i].add(u)`` on the pinned buffer (a GPU scatter-add kernel
+  that XLA tags host compute: ``docs/lab/xla_scatter_hlo_probe.py``).
 
 Every provider is checked once per case on sampled rows against the numpy
 oracles of ``pallas_pinned.testing`` (the ceiling against its source), then

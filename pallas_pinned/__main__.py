@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     ours_name = "pallas_pinned.scatter_to_host" + ("" if on_gpu else " (XLA fallback)")
     for name, fn in ((ours_name, ours), ("XLA x.at[i].set", xla)):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # XLA's host-compute fallback warns.
+            warnings.simplefilter("ignore")  # XLA's host-offload pass warns ("host compute").
             # One warm-up call (compilation, first touch), then the timed ones;
             # the donated buffer is threaded from call to call.
             out, times = time_calls(fn, out, step_idx, step_rows, repeats=args.repeats)
