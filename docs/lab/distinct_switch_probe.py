@@ -29,8 +29,8 @@ kept the aliasing). In us per step (``auto`` / XLA's add / switched):
 | 256 x 1 KiB, distinct | 17.6 | 13.5 | 26.5 |
 | 256 x 1 KiB, half repeated | 27.2 | 18.4 | 38.2 |
 
-The conditional costs 9-13 us over the better of its branches, more than the whole gap it was
-meant to close. (This probe feeds ids and updates as scanned inputs, and ``auto``'s 64-row
+The conditional costs 11-13 us over the branch it took, more than the whole gap it was meant
+to close. (This probe feeds ids and updates as scanned inputs, and ``auto``'s 64-row
 median is noisy: min 12.2, against the loop table's 10.4.) XLA's add also stayed fast on rows
 repeated once (11.1 us); the tenfold slowdown needs the Zipf client's heavy repeats. Nothing in
 the library changed.
