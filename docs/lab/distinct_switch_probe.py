@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from xla_path_dedup_probe import HOST, _compile, _scan, _time
+from xla_path_dedup_probe import HOST, _compile, _scan, _time, check_rows
 
 import pallas_pinned as pp
 from benchmarks import environment
@@ -88,11 +88,7 @@ def run(options, rng, sizes):
             flat = ids.reshape(-1)
 
             def check(outs, flat=flat):
-                ref = np.asarray(pp.gather_from_host(outs["ours_auto"], flat))
-                for name, out in outs.items():
-                    err = float(np.max(np.abs(np.asarray(pp.gather_from_host(out, flat)) - ref)))
-                    print(f"  check {name:10} max |diff| {err:.3g} "
-                          f"{'ok' if err <= 1e-4 else 'DIFFERS'}", flush=True)
+                check_rows(outs, flat, tol=1e-4)
 
             label = f"add {n} x {row_bytes} B {'repeats' if repeat else 'distinct'}"
             args = make_args(fresh=True)

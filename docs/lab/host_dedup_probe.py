@@ -58,12 +58,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.compute_on import compute_on
-from xla_path_dedup_probe import HOST, _compile, _scan, _time, sort_mask_superseded
+from xla_path_dedup_probe import (
+    HOST,
+    _compile,
+    _scan,
+    _time,
+    add_variants,
+    check_rows,
+    combined_add,
+    run_sparse,
+    set_variants,
+)
 
 import pallas_pinned as pp
 from benchmarks import environment
-from benchmarks.sparse_training import _sgd_scan, zipf_ids
-from pallas_pinned import _rows
+from benchmarks.sparse_training import _sgd_scan
 
 FULL = {"steps": 100, "buffer": 1 << 30,
         "cases": ((5, 4), (64, 1024), (256, 1024), (1024, 1024), (4096, 512)),
@@ -94,27 +103,14 @@ def on_host(body, move_operands=True):
 
 
 def host_set_bodies(num_rows):
-    def bare(x, r, u):
-        return x.at[r].set(u, mode="drop")
-
-    def nxn(x, r, u):
-        return x.at[_rows.drop_superseded_small(r, num_rows)].set(u, mode="drop")
-
-    def sortmask(x, r, u):
-        return x.at[sort_mask_superseded(r, num_rows)].set(u, mode="drop")
-
-    return {"bare": bare, "nxn": nxn, "sortmask": sortmask}
+    """The session-11 probe's set bodies, to run inside the host computation instead."""
+    on_device = set_variants(num_rows)
+    return {"bare": on_device["xla_raw"], "nxn": on_device["nxn"],
+            "sortmask": on_device["sortmask"]}
 
 
 def host_add_bodies():
-    def bare(x, r, u):
-        return x.at[r].add(u, mode="drop")
-
-    def combined(x, r, u):
-        r2, totals = _rows.combine_duplicates(r, u, x.shape[0], small_max=0)
-        return x.at[r2].add(totals, mode="drop", unique_indices=True)
-
-    return {"bare": bare, "comb_sort": combined}
+    return {"bare": add_variants()["xla_raw"], "comb_sort": combined_add(0, True)}
 
 
 def variants(op, num_rows, n):
@@ -150,17 +146,7 @@ def loop_cases(options, rng, sizes):
             return (jax.device_put(zeros, HOST) if fresh else None), ids, upd
 
         flat = ids.reshape(-1)
-
-        def check(outs, exact, flat=flat):
-            ref = np.asarray(pp.gather_from_host(outs["ours_auto"], flat))
-            for name, out in outs.items():
-                got = np.asarray(pp.gather_from_host(out, flat))
-                err = float(np.max(np.abs(got - ref)))
-                ok = err == 0 if exact else err <= 1e-4
-                print(f"  check {name:14} max |diff| {err:.3g} {'ok' if ok else 'DIFFERS'}",
-                      flush=True)
-
-        for op, exact in (("set", True), ("add", False)):
+        for op, tol in (("set", 0.0), ("add", 1e-4)):
             label = f"{op} {n} x {row_bytes} B"
             args = make_args(fresh=True)
             fns = variants(op, num_rows, n)
@@ -168,36 +154,16 @@ def loop_cases(options, rng, sizes):
                                 None, label)
             args[0].delete()
             _time(compiled, make_args, steps,
-                  lambda outs, exact=exact: check(outs, exact), None, label)
+                  lambda outs, flat=flat, tol=tol: check_rows(outs, flat, tol=tol), None, label)
 
 
 def sparse(options, rng, sizes):
-    rows, dim, batch, steps = sizes["sparse"]
-    ids = jnp.asarray(zipf_ids(rng, rows, (steps, batch), 1.1))
-    targets = jnp.asarray(rng.standard_normal((steps, batch, dim)).astype(np.float32) / 8)
-    table0 = rng.standard_normal((rows, dim)).astype(np.float32) / 8
     adds = {"ours_auto": pp.scatter_add_to_host,
             "xla_raw": lambda x, r, u: x.at[r].add(u)}
     adds.update({f"host_{k}": on_host(b, move_operands=False)
                  for k, b in host_add_bodies().items()})
-    fns = {name: _sgd_scan(pp.gather_from_host, add, 0.5) for name, add in adds.items()}
-
-    def make_args(fresh):
-        return (jax.device_put(table0, HOST) if fresh else None), ids, targets
-
-    touched = jnp.asarray(np.unique(np.asarray(ids)))
-
-    def check(outs):
-        ref = np.asarray(pp.gather_from_host(outs["ours_auto"], touched))
-        for name, out in outs.items():
-            err = float(np.max(np.abs(np.asarray(pp.gather_from_host(out, touched)) - ref)))
-            print(f"  check {name:14} max |diff| {err:.3g} {'ok' if err <= 1e-5 else 'DIFFERS'}",
-                  flush=True)
-
-    args = make_args(True)
-    compiled = _compile(fns, args, options, None, "sparse Zipf 4096 x 256 B")
-    args[0].delete()
-    _time(compiled, make_args, steps, check, None, "sparse Zipf 4096 x 256 B")
+    run_sparse(options, rng, sizes,
+               {name: _sgd_scan(pp.gather_from_host, add, 0.5) for name, add in adds.items()})
 
 
 def main():
