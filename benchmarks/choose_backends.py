@@ -160,9 +160,9 @@ def _xla_path_faster(full: list[dict], kernel: str, reads: dict | None) -> tuple
     """Whether auto's XLA path beat the kernel by more than the noise in some case and
     lost by more than the noise in none (None: not measured in these cases; a tie
     within the noise says nothing of which is faster), and what the write-then-read
-    rows (``reads``: the class's cases) said: XLA's path applies the rows on the host
-    CPU, so a step that reads them back waits for it. Where they measured it slower
-    than the kernel by more than the noise in any case, it is not faster."""
+    rows (``reads``: the class's cases) said: a write that is fast alone can still lose
+    once the step reads the rows back. Where they measured it slower than the kernel by
+    more than the noise in any case, it is not faster."""
     if not full or not all("auto" in c for c in full):
         return None, ""
     faster = (any(c["auto"] < c[kernel] * (1 - NOISE) for c in full)
