@@ -80,7 +80,7 @@ def step_fns(lr: float) -> dict:
                   "transfer": jax.jit(_transfer_scan, donate_argnums=0)}
 
 
-# What distinct_rows guarantees of its rows (the padding marker aside).
+# What distinct_rows (and the transfer step's ids) guarantee of their rows (padding aside).
 _DISTINCT = {"unique_indices": True, "indices_are_sorted": True}
 
 
@@ -132,11 +132,10 @@ def _read_once_scan(read, write, lr: float):
 def _transfer_scan(table, distinct, targets):
     """Each step's distinct rows read and written back unchanged; ``targets`` unused."""
     del targets
-    promises = {"indices_are_sorted": True, "unique_indices": True}
 
     def step(table, rows):
-        read = pp.gather_from_host(table, rows, mode="fill", fill_value=0, **promises)
-        return pp.scatter_to_host(table, rows, read, mode="drop", **promises), None
+        read = pp.gather_from_host(table, rows, mode="fill", fill_value=0, **_DISTINCT)
+        return pp.scatter_to_host(table, rows, read, mode="drop", **_DISTINCT), None
 
     return lax.scan(step, table, distinct)[0]
 
