@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -30,6 +31,7 @@ __all__ = [
     "Tile",
     "choose_row_tiling",
     "dest_rows",
+    "for_chunks",
     "launch_row_kernel",
     "matching_entries",
     "next_pow2",
@@ -153,6 +155,20 @@ def matching_entries(indices_ref, j, rows, *, num_entries: int, num_rows: int, m
         plgpu.load(indices_ref.at[j], mask=j_ok, other=0), num_rows, mode
     )
     return (rows[:, None] == other_rows[None, :]) & (j_ok & in_range)[None, :]
+
+
+def for_chunks(start, stop, num_chunks: int, body, init):
+    """``lax.fori_loop(start, stop, body, init)``; straight-line code for a one-chunk batch.
+
+    ``num_chunks`` is the static count of chunks in the batch. With one, the
+    only chunk is chunk 0 whatever ``start``/``stop`` the caller computed (the
+    callers' ranges always hold it then). A tiny batch's time is its chain of
+    dependent memory accesses: out of a loop, the chunk's index load is issued
+    beside the program's other loads instead of after them.
+    """
+    if num_chunks == 1:
+        return body(0, init)
+    return lax.fori_loop(start, stop, body, init)
 
 
 def raw_entries(indices_ref, grid: RowGrid, mode):

@@ -31,6 +31,7 @@ from .pallas_common import (
     RowTiling,
     choose_row_tiling,
     dest_rows,
+    for_chunks,
     launch_row_kernel,
     matching_entries,
     next_pow2,
@@ -118,9 +119,18 @@ def scatter_add_rows_fused_kernel(
     num_entries, num_rows = grid.num_entries, grid.num_rows
     first, k, cols, rows, row_ok = raw_entries(indices_ref, grid, mode)
     cols_ok = (cols < grid.row_width)[None, :]
+    # Both loads go out before the duplicate search, not after it: a small
+    # batch's time is its chain of dependent accesses, and the row's read is a
+    # PCIe round trip. The update load is masked by the batch's end only; the
+    # row is read for every entry in range, also for one that turns out not to
+    # own its row (only owners write, so a read that is not used is harmless).
     total = plgpu.load(
-        updates_ref.at[k[:, None], cols[None, :]], mask=row_ok[:, None] & cols_ok, other=0
+        updates_ref.at[k[:, None], cols[None, :]],
+        mask=(k < num_entries)[:, None] & cols_ok, other=0,
     ).astype(acc_dtype)
+    read_target = x_out_ref.at[dest_rows(rows, row_ok, num_rows)[:, None], cols[None, :]]
+    current = plgpu.load(read_target, mask=row_ok[:, None] & cols_ok, other=0)
+    num_chunks = pl.cdiv(num_entries, search_chunk)
     if combine:
         def others(j):
             found = matching_entries(
@@ -134,8 +144,8 @@ def scatter_add_rows_fused_kernel(
             return jnp.maximum(earlier, jnp.max(hit.astype(jnp.int32), axis=1))
 
         # Only earlier entries can own this row: stop after this program's chunk.
-        earlier = lax.fori_loop(
-            0, jnp.minimum(first // search_chunk + 1, pl.cdiv(num_entries, search_chunk)),
+        earlier = for_chunks(
+            0, jnp.minimum(first // search_chunk + 1, num_chunks), num_chunks,
             search_chunk_of, jnp.zeros((grid.block_rows,), jnp.int32),
         )
         row_ok = row_ok & (earlier == 0)
@@ -170,12 +180,9 @@ def scatter_add_rows_fused_kernel(
             return lax.cond(_any(hit), accumulate, lambda t: t, total)
 
         # Only later entries are summed in: start at this program's own chunk.
-        total = lax.fori_loop(
-            first // search_chunk, pl.cdiv(num_entries, search_chunk), add_chunk, total
-        )
+        total = for_chunks(first // search_chunk, num_chunks, num_chunks, add_chunk, total)
     mask = row_ok[:, None] & cols_ok
     target = x_out_ref.at[dest_rows(rows, row_ok, num_rows)[:, None], cols[None, :]]
-    current = plgpu.load(target, mask=mask, other=0)
     plgpu.store(target, (current.astype(acc_dtype) + total).astype(x_out_ref.dtype), mask=mask)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -30,6 +29,7 @@ from .pallas_common import (
     RowTiling,
     choose_row_tiling,
     dest_rows,
+    for_chunks,
     launch_row_kernel,
     matching_entries,
     one_launch_tiling,
@@ -89,6 +89,12 @@ def scatter_rows_fused_kernel(
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
     num_updates, num_rows = grid.num_entries, grid.num_rows
     first, k, cols, rows, row_ok = raw_entries(indices_ref, grid, mode)
+    cols_ok = (cols < grid.row_width)[None, :]
+    # Masked by the batch's end only, not by the rows: the load then goes out
+    # beside the index loads instead of after them and the search.
+    values = plgpu.load(
+        updates_ref.at[k[:, None], cols[None, :]], mask=(k < num_updates)[:, None] & cols_ok
+    )
     if drop_superseded:
 
         def search_chunk(c, superseded):
@@ -99,15 +105,14 @@ def scatter_rows_fused_kernel(
             return jnp.maximum(superseded, jnp.max(hit.astype(jnp.int32), axis=1))
 
         # Only later entries can supersede: start at this program's own chunk.
-        superseded = lax.fori_loop(
-            first // chunk, pl.cdiv(num_updates, chunk), search_chunk,
+        num_chunks = pl.cdiv(num_updates, chunk)
+        superseded = for_chunks(
+            first // chunk, num_chunks, num_chunks, search_chunk,
             jnp.zeros((grid.block_rows,), jnp.int32),
         )
         row_ok = row_ok & (superseded == 0)
-    mask = row_ok[:, None] & (cols < grid.row_width)[None, :]
-    values = plgpu.load(updates_ref.at[k[:, None], cols[None, :]], mask=mask)
     dest = dest_rows(rows, row_ok, num_rows)
-    plgpu.store(x_out_ref.at[dest[:, None], cols[None, :]], values, mask=mask)
+    plgpu.store(x_out_ref.at[dest[:, None], cols[None, :]], values, mask=row_ok[:, None] & cols_ok)
 
 
 def scatter_rows_fused(
