@@ -143,7 +143,7 @@ def run_case(args, buf: PinnedBuffer, case: LoopCase, started: float, progress) 
                           check_written=args.check_written, check_others=args.check_others)
     lowerings = {
         (p.name, b): functools.partial(
-            lambda p, b: scan_fn(p, b).lower(
+            lambda p, b: scan_fn(p, b, materialized=args.inputs == "materialized").lower(
                 buf.x, data.sorted_dev if p.sorted_rows else data.table_dev, data.base_dev),
             p, b)
         for p, b in todo
@@ -275,6 +275,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="skip what is left after this long (default 240 on GPU, none on CPU)")
     p.add_argument("--check-written", type=int, default=4096, help="written rows checked")
     p.add_argument("--check-others", type=int, default=1024, help="random other rows checked")
+    p.add_argument("--inputs", choices=("fused", "materialized"), default="fused",
+                   help="grid steps: 'materialized' computes each step's indices and updates "
+                        "into buffers first (an optimization barrier), so XLA cannot fuse "
+                        "their making into its scatter kernel, as for a real step's matmul "
+                        "outputs or arguments; the write patterns are left as they are")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plots", action="store_true")
     environment.add_xla_option(p)
@@ -321,6 +326,7 @@ def main(argv=None) -> int:
             "indices": "per step a row of a table of random rows without replacement, made "
                        "with numpy before timing and sliced on the device (sorted per row for "
                        "ours_set_unique_sorted); updates base + step in the buffer's dtype",
+            "inputs": args.inputs,
             "patterns": {c.name: loop_patterns.describe(c) for c in planned_patterns(args)},
             "kernel_count_rule": hlo.COUNTING_RULE,
             "pcie_bytes_per_s": loop_floor.PCIE_BYTES_PER_S,
@@ -342,8 +348,10 @@ def main(argv=None) -> int:
             report.write_json(args.out / "loop.json", {"meta": meta, "records": records})
     finally:
         progress.close()
-    report.print_loop_table(records, f"per-step cost in lax.scan ({grid}, {meta['device_kind']}, "
-                            f"{args.steps} steps, median of {args.runs} runs interleaved in "
+    inputs = ", inputs materialized" if args.inputs == "materialized" else ""
+    report.print_loop_table(records, f"per-step cost in lax.scan ({grid}{inputs}, "
+                            f"{meta['device_kind']}, {args.steps} steps, median of "
+                            f"{args.runs} runs interleaved in "
                             f"{min(args.rounds, args.runs)} rounds; us, op cost in brackets)")
     plot = None if args.no_plots else plots.plot_loop(records, args.out / "loop.png")
     if plot is None and not args.no_plots:

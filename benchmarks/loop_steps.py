@@ -123,12 +123,20 @@ def write_fn(name: str, backend: str) -> Callable:
     }[name]
 
 
-def _step_inputs(table, base, t):
-    """Step ``t``'s indices and updates, made on the device."""
-    return table[t], base + t.astype(base.dtype)
+def _step_inputs(table, base, t, materialized: bool):
+    """Step ``t``'s indices and updates, made on the device.
+
+    ``materialized``: both are computed into buffers before anything uses
+    them (an optimization barrier), as a real step's are when they come from
+    a matmul or arrive as arguments. Otherwise XLA may fuse their making (a
+    slice, an add) into its own scatter kernel, which a custom call's operands
+    never are.
+    """
+    inputs = table[t], base + t.astype(base.dtype)
+    return lax.optimization_barrier(inputs) if materialized else inputs
 
 
-def scan_fn(provider: LoopProvider, backend: str) -> Callable:
+def scan_fn(provider: LoopProvider, backend: str, *, materialized: bool = False) -> Callable:
     """The jitted scan ``(x, table, base) -> outputs``; outputs[0] is the buffer.
 
     The buffer is donated. The baseline also returns the last step's indices
@@ -139,12 +147,13 @@ def scan_fn(provider: LoopProvider, backend: str) -> Callable:
     provider, the rows it read after its write.
     """
     steps_of = lambda table: jnp.arange(table.shape[0], dtype=jnp.int32)  # noqa: E731
+    step_inputs = functools.partial(_step_inputs, materialized=materialized)
     if provider.op in ("none", "floor"):
         keep = (lambda x, i, u: x) if provider.op == "none" else write_fn(provider.name, backend)
 
         def run(x, table, base):
             def body(carry, t):
-                i, u = _step_inputs(table, base, t)
+                i, u = step_inputs(table, base, t)
                 return (keep(carry[0], i, u), i, u), None
 
             init = (x, jnp.zeros(table.shape[1:], table.dtype), jnp.zeros_like(base))
@@ -155,7 +164,7 @@ def scan_fn(provider: LoopProvider, backend: str) -> Callable:
         def run(x, table, base):
             def body(carry, t):
                 x, _ = carry
-                i, u = _step_inputs(table, base, t)
+                i, u = step_inputs(table, base, t)
                 # + u: the rows depend on the step's data as a write's would.
                 return (x, read(x, i) + u), None
 
@@ -165,7 +174,7 @@ def scan_fn(provider: LoopProvider, backend: str) -> Callable:
 
         def run(x, table, base):
             def body(carry, t):
-                i, u = _step_inputs(table, base, t)
+                i, u = step_inputs(table, base, t)
                 x = write(carry[0], i, u)
                 return (x, read(x, i)), None
 
@@ -175,7 +184,7 @@ def scan_fn(provider: LoopProvider, backend: str) -> Callable:
 
         def run(x, table, base):
             def body(x, t):
-                return write(x, *_step_inputs(table, base, t)), None
+                return write(x, *step_inputs(table, base, t)), None
 
             return (lax.scan(body, x, steps_of(table))[0],)
 

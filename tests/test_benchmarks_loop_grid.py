@@ -141,14 +141,15 @@ def test_the_new_providers_run_by_default_and_can_be_picked():
         ("ours_set_read", "interpret")]
 
 
-def _one_scan(name: str, backend: str, case: testing.LoopCase, steps: int = 5):
+def _one_scan(name: str, backend: str, case: testing.LoopCase, steps: int = 5, **scan_kw):
     """One scan of a provider over a fresh 64-row pinned buffer: ``(data, before, outputs)``."""
     buf = scan_runner.PinnedBuffer(seed=3)
     buf.ensure(case.dtype, loop_steps.buffer_shape(case, 64 * case.row_bytes))
     data = loop_steps.make_loop_data(case, 64 * case.row_bytes, steps, np.random.default_rng(3),
                                      check_written=64, check_others=8)
     before = np.asarray(jax.device_get(buf.x))
-    outputs = loop_steps.scan_fn(PROVIDER[name], backend)(buf.x, data.table_dev, data.base_dev)
+    scan = loop_steps.scan_fn(PROVIDER[name], backend, **scan_kw)
+    outputs = scan(buf.x, data.table_dev, data.base_dev)
     return data, before, [np.asarray(jax.device_get(o)) for o in outputs]
 
 
@@ -211,3 +212,37 @@ def test_the_rows_read_after_a_write_are_the_oracle_s(name, backend, case):
     neighbours = expected[(last + 1) % expected.shape[0]]
     assert f"rows read after the last {op.removesuffix('_read')}" in loop_steps.check_read_back(
         data, op, before[last], neighbours)
+
+
+@pytest.mark.parametrize("name, backend", [
+    ("xla_set", "-"), ("ours_add", "interpret"), ("xla_add_read", "-"), ("baseline", "-")])
+def test_materialized_inputs_change_what_fuses_not_what_is_written(name, backend):
+    # --inputs materialized puts an optimization barrier between the making of a step's
+    # indices and updates and their use (so XLA cannot fuse the making into its scatter);
+    # the rows written and read are the same as without it.
+    case = testing.LoopCase(8, 64)
+    plain = _one_scan(name, backend, case)[2]
+    data, _, barred = _one_scan(name, backend, case, materialized=True)
+    for a, b in zip(plain, barred, strict=True):
+        assert a.tobytes() == b.tobytes()
+    buf = scan_runner.PinnedBuffer(seed=3)
+    buf.ensure(case.dtype, loop_steps.buffer_shape(case, 64 * case.row_bytes))
+
+    def text(**kw):
+        scan = loop_steps.scan_fn(PROVIDER[name], backend, **kw)
+        return scan.lower(buf.x, data.table_dev, data.base_dev).as_text()
+
+    # One barrier more (a read-back provider has its own already).
+    barriers = [text(**kw).count("stablehlo.optimization_barrier")
+                for kw in ({}, {"materialized": True})]
+    assert barriers[1] == barriers[0] + 1
+
+
+def test_the_inputs_flag_is_recorded_and_named_in_the_table(tmp_path, capsys):
+    assert loop.parse_args([]).inputs == "fused"
+    assert loop.main(["--cpu", "--rows", "8", "--row-bytes", "64", "--steps", "2", "--runs", "1",
+                      "--rounds", "1", "--providers", "xla_set", "--inputs", "materialized",
+                      "--no-plots", "--out", str(tmp_path)]) == 0
+    meta = json.loads((tmp_path / "loop.json").read_text())["meta"]
+    assert meta["inputs"] == "materialized"
+    assert "inputs materialized" in capsys.readouterr().out
