@@ -23,29 +23,27 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
 * between the two kernels, summed over the class's cases, Triton only where
   it is faster by more than :data:`NOISE` (a closer result keeps Pallas, the
   one with the one-launch path for small sets);
-* for set and add, the kernel is kept where it is no slower than XLA in
-  **every** case of the class. Elsewhere an ``xla`` entry would make ``auto``
-  run ``x.at[rows].set(y)`` / ``.add(y)`` itself, after our normalization (and
-  for set our de-duplication, so the last duplicate wins as everywhere): not
-  XLA's bare op. So the class takes it only where that path itself was
-  measured faster than the kernel by more than :data:`NOISE` in some case and
-  slower by more than the noise in none (a tie says nothing of which is faster):
-  ``ours_set`` / ``ours_add`` with ``backend="auto"`` whose step launched none
-  of our kernels (the table in force then said ``xla``), in the source run or
-  else in an earlier run (``--xla-path-from``), judged against that same run's
-  kernel. A fast write can still lose once the step reads the rows back: where
-  that run also timed the write-then-read rows
-  (``ours_set_read`` / ``ours_add_read``), the path must not be slower there
-  than the kernel by more than the noise in any case. Where no run measured
-  it, the kernel stays. The default evidence is a graphed run made for it
+* for set and add, the kernel is kept where it is no slower than XLA in **every**
+  case of the class. Elsewhere an ``xla`` entry would make ``auto`` run
+  ``x.at[rows].set(y)`` / ``.add(y)`` itself, after our normalization (and for set
+  our de-duplication, so the last duplicate wins as everywhere): not XLA's bare op.
+  So the class takes it only where that path itself was measured faster than the
+  kernel by more than :data:`NOISE` in some case and slower by more than the noise
+  in none (a tie says nothing of which is faster): ``ours_set`` / ``ours_add`` with
+  ``backend="auto"`` whose step launched none of our kernels (the table in force
+  then said ``xla``), in the source run or else in an earlier run
+  (``--xla-path-from``), judged against that same run's kernel. A fast write can
+  still lose once the step reads the rows back: where that run also timed the
+  write-then-read rows (``ours_set_read`` / ``ours_add_read``), the path must not be
+  slower there than the kernel by more than the noise in any case. Where no run
+  measured it, the kernel stays. The default evidence is a graphed run made for it
   (2026-12-04 16:22 UTC, ``$PALLAS_PINNED_BACKEND_TABLE`` naming a table with
-  ``xla`` for every float32 set and add class, beside it in
-  ``benchmarks/results``). Set: XLA's path beat the kernel at 64 x 1 KiB (6.8
-  against 8.0 us per step; read back 11.0 against 11.1) and lost from 1024
-  rows (51.2 against 29.1: its de-duplication sorts). Add: it beat the kernel
-  by more than the noise in six of seven cases and tied at 256 x 4 B (8.6
-  against 8.8; 36.9 against 45.0 at 1024 x 1 KiB, read back 52.8 against
-  67.4), as fast as XLA's bare add.
+  ``xla`` for every float32 set and add class, beside it in ``benchmarks/results``).
+  Set: XLA's path beat the kernel at 64 x 1 KiB (6.8 against 8.0 us per step; read
+  back 11.0 against 11.1) and lost from 1024 rows (51.2 against 29.1: its
+  de-duplication sorts). Add: it beat the kernel by more than the noise in six of
+  seven cases and tied at 256 x 4 B (8.6 against 8.8; 36.9 against 45.0 at 1024 x 1
+  KiB, read back 52.8 against 67.4), as fast as XLA's bare add.
 * add needs a real client's word too. The loop's rows never repeat within a
   step; the sparse-training client's Zipf ids do (about 1895 distinct of
   4096). Run under the same table (``--add-client-from``, 16:10 UTC), ``auto``
