@@ -182,6 +182,8 @@ def scatter_add_rows_fused_kernel(
         # Only later entries are summed in: start at this program's own chunk.
         total = for_chunks(first // search_chunk, num_chunks, num_chunks, add_chunk, total)
     mask = row_ok[:, None] & cols_ok
+    # Addressed anew with the owners only: the store's masked lanes must point
+    # past the end, not at a row another program writes (dest_rows says why).
     target = x_out_ref.at[dest_rows(rows, row_ok, num_rows)[:, None], cols[None, :]]
     plgpu.store(target, (current.astype(acc_dtype) + total).astype(x_out_ref.dtype), mask=mask)
 
