@@ -273,6 +273,11 @@ def scatter_add_sorted_runs_kernel(
 
     before = jnp.where(k > 0, rows_at(jnp.maximum(k - 1, 0), tile.entry_ok & (k > 0)), -1)
     owner = tile.row_ok & (rows != before)
+    # The owners' rows are read now, before the runs are summed: the PCIe round
+    # trip then overlaps the summing instead of following it.
+    mask = owner[:, None] & cols_ok
+    target = x_out_ref.at[dest_rows(rows, owner, num_rows)[:, None], cols[None, :]]
+    current = plgpu.load(target, mask=mask, other=0)
 
     # This block's own entries: each owner sums the entries of its run here.
     total = jnp.zeros((grid.block_rows, grid.block_cols), acc_dtype)
@@ -308,10 +313,6 @@ def scatter_add_sorted_runs_kernel(
         (first + grid.block_rows, jnp.zeros((grid.block_cols,), acc_dtype), going_on),
     )
     total = total + jnp.where(tail_owner[:, None], extra[None, :], zero)
-
-    mask = owner[:, None] & cols_ok
-    target = x_out_ref.at[dest_rows(rows, owner, num_rows)[:, None], cols[None, :]]
-    current = plgpu.load(target, mask=mask, other=0)
     plgpu.store(target, (current.astype(acc_dtype) + total).astype(x_out_ref.dtype), mask=mask)
 
 
