@@ -9,8 +9,8 @@
 # round trip of the read overlaps the summing: 2-5 us per step at 4096 x 512 B, as much on the
 # sparse client's add (4096 Zipf ids, 256 B rows).
 #
-# Outcome (graphed loop, then the sparse client; new, old, new again in one call, 20:26 UTC
-# device clock; GPU tests of add first: 220 passed, 46 skipped). Unpromised add, auto, us per
+# Outcome (graphed loop, then the sparse client; new, old, new again in one call, 20:23-20:24
+# UTC; GPU tests of add first: 220 passed, 46 skipped). Unpromised add, auto, us per
 # step: 4096 x 512 B 91.1 / 91.4 / 91.6 (XLA 58.8 / 58.8 / 60.2); 16384 x 512 B
 # 285.3 / 291.8 / 282.8 (XLA 220.7 / 221.2 / 217.4). Sparse client, ours: 72.9 / 69.8 / 65.6,
 # with the device table at 20.0 / 23.0 / 22.3 (a noisy machine; every provider checked).
