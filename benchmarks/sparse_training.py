@@ -288,7 +288,7 @@ def summarize(records: list[dict], floor_us: float) -> dict:
         met = "met" if ratios["ours_sorted_over_device"] <= 2 else "NOT met"
         lines.append(f"ours with one shared order / device table: "
                      f"{ratios['ours_sorted_over_device']:.2f}x (target within 2x: {met})")
-    device_best = min((us[k] for k in ("device", "device_distinct") if us.get(k)), default=None)
+    device_best = min((us[k] for k in DEVICE_STEPS if us.get(k)), default=None)
     if us.get("ours_distinct") and device_best:
         ratios["ours_distinct_over_device"] = us["ours_distinct"] / device_best
         met = "met" if ratios["ours_distinct_over_device"] <= 2 else "NOT met"

@@ -120,12 +120,16 @@ def measure(
     state = bench.x if provider.target == "jax" else None
     args = bench.args
 
+    def kept(state):
+        # The buffer was donated to the calls: the bench holds the one they returned.
+        if provider.target == "jax":
+            bench.x = state
+        return state
+
     def timed(state, repeats):
         state, result = timing.measure(bound.step, state, *bound.args, repeats=repeats,
                                        warmup=0, prepare=bound.prepare)
-        if provider.target == "jax":
-            bench.x = state
-        return state, result
+        return kept(state), result
 
     state, warm = timed(state, args.warmup)
     if warm.max_s > args.max_run_s:
@@ -140,8 +144,7 @@ def measure(
     state, back_to_back = timing.measure_back_to_back(
         bound.unsynced, bound.wait, state, *bound.args, calls=args.back_to_back_calls,
         rounds=BACK_TO_BACK_ROUNDS)
-    if provider.target == "jax":
-        bench.x = state
+    kept(state)
     return synchronized, back_to_back
 
 
