@@ -16,6 +16,15 @@ would lose one of the additions, so exactly one program writes each row:
   first entry of each run of equal rows sums the run.
 
 ``updates`` may be of ``x.dtype`` or of the accumulator type.
+
+With ``atomic_write`` (float32 buffers summed in float32, see
+:func:`atomic_write_allowed`) the owner adds its total with one atomic add
+instead of reading the row and storing the sum: still one rounding of ``x +
+total`` per row, the same bits, but no PCIe read in the program's chain.
+Pallas's atomics are acquire-release, which costs more than the read on small
+batches (``pallas_pinned.tuning`` ``atomic_add_from`` says from where it pays).
+The Pallas interpreter cannot run masked atomics, so interpret mode keeps the
+read and the store (the same bits).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from .pallas_common import (
 )
 
 __all__ = [
+    "atomic_write_allowed",
     "scatter_add_rows",
     "scatter_add_rows_fused",
     "scatter_add_rows_fused_kernel",
@@ -50,9 +60,45 @@ __all__ = [
 ]
 
 
+def atomic_write_allowed(dtype, acc_dtype) -> bool:
+    """Whether the owners may add with one atomic: float32 summed in float32.
+
+    The atomic adds the total in the buffer's type, so the sum must already be
+    in it; float32 is the type it was measured with.
+    """
+    return jnp.dtype(dtype) == jnp.float32 and jnp.dtype(acc_dtype) == jnp.float32
+
+
+def _check_atomic(x, acc_dtype, atomic_write: bool, interpret: bool) -> bool:
+    """The kernel's setting: raises where the atomic would change the bits."""
+    if atomic_write and not atomic_write_allowed(x.dtype, acc_dtype):
+        raise ValueError(
+            f"atomic_write needs a float32 buffer summed in float32, got {x.dtype} "
+            f"summed in {jnp.dtype(acc_dtype)}"
+        )
+    return atomic_write and not interpret
+
+
+def _write_total(x_out_ref, rows, cols, mask, total, current, *, atomic: bool):
+    """The owner's one write of ``x + total`` (``current`` is ``x``'s row, read before)."""
+    if atomic:
+        plgpu.atomic_add(x_out_ref, (rows[:, None], cols[None, :]),
+                         total.astype(x_out_ref.dtype), mask=mask)
+    else:
+        plgpu.store(x_out_ref.at[rows[:, None], cols[None, :]],
+                    (current.astype(total.dtype) + total).astype(x_out_ref.dtype), mask=mask)
+
+
+def _read_row(x_out_ref, rows, cols, mask, *, atomic: bool):
+    """``x``'s rows for the store, or nothing when an atomic adds in place."""
+    if atomic:
+        return None
+    return plgpu.load(x_out_ref.at[rows[:, None], cols[None, :]], mask=mask, other=0)
+
+
 def scatter_add_rows_kernel(
     rows_ref, src_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, check_bounds: bool,
-    acc_dtype,
+    acc_dtype, atomic: bool = False,
 ):
     """Adds one ``block_rows x block_cols`` tile of update rows into ``x``."""
     # Aliased to x_out_ref: the same buffer. Reading through the output ref
@@ -61,21 +107,20 @@ def scatter_add_rows_kernel(
     tile = tile_lanes(rows_ref, src_ref, grid, check_bounds=check_bounds)
     dest = dest_rows(tile.rows, tile.row_ok, grid.num_rows)
     source = updates_ref.at[tile.order[:, None], tile.cols[None, :]]
-    target = x_out_ref.at[dest[:, None], tile.cols[None, :]]
     addend = plgpu.load(source, mask=tile.mask, other=0)
-    current = plgpu.load(target, mask=tile.mask, other=0)
-    total = current.astype(acc_dtype) + addend.astype(acc_dtype)
-    plgpu.store(target, total.astype(x_out_ref.dtype), mask=tile.mask)
+    current = _read_row(x_out_ref, dest, tile.cols, tile.mask, atomic=atomic)
+    _write_total(x_out_ref, dest, tile.cols, tile.mask, addend.astype(acc_dtype), current,
+                 atomic=atomic)
 
 
 def scatter_add_rows(
     x: jax.Array, rows: jax.Array, src: jax.Array | None, updates: jax.Array, *,
     acc_dtype=None, check_bounds: bool = True, tiling: RowTiling | None = None,
-    interpret: bool = False,
+    atomic_write: bool = False, interpret: bool = False,
 ) -> jax.Array:
     """Builds and calls the kernel; sums in ``acc_dtype`` (default ``x.dtype``).
 
-    Traced inside a ``jit``: the result aliases ``x``.
+    ``atomic_write``: see the module's doc. Traced inside a ``jit``: the result aliases ``x``.
     """
     (num_updates,) = rows.shape
     acc_dtype = jnp.dtype(x.dtype if acc_dtype is None else acc_dtype)
@@ -84,7 +129,7 @@ def scatter_add_rows(
     return launch_row_kernel(
         scatter_add_rows_kernel, (rows, src, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_rows", check_bounds=check_bounds,
-        acc_dtype=acc_dtype,
+        acc_dtype=acc_dtype, atomic=_check_atomic(x, acc_dtype, atomic_write, interpret),
     )
 
 
@@ -112,7 +157,7 @@ def _any(mask):
 
 def scatter_add_rows_fused_kernel(
     indices_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, search_chunk: int,
-    sum_chunk: int, mode: str | None, combine: bool, acc_dtype,
+    sum_chunk: int, mode: str | None, combine: bool, acc_dtype, atomic: bool = False,
 ):
     """Adds one tile of raw-indexed updates; each row's first entry adds all of that row's."""
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
@@ -128,8 +173,8 @@ def scatter_add_rows_fused_kernel(
         updates_ref.at[k[:, None], cols[None, :]],
         mask=(k < num_entries)[:, None] & cols_ok, other=0,
     ).astype(acc_dtype)
-    read_target = x_out_ref.at[dest_rows(rows, row_ok, num_rows)[:, None], cols[None, :]]
-    current = plgpu.load(read_target, mask=row_ok[:, None] & cols_ok, other=0)
+    current = _read_row(x_out_ref, dest_rows(rows, row_ok, num_rows), cols,
+                        row_ok[:, None] & cols_ok, atomic=atomic)
     num_chunks = pl.cdiv(num_entries, search_chunk)
     if combine:
         def others(j):
@@ -181,11 +226,10 @@ def scatter_add_rows_fused_kernel(
 
         # Only later entries are summed in: start at this program's own chunk.
         total = for_chunks(first // search_chunk, num_chunks, num_chunks, add_chunk, total)
-    mask = row_ok[:, None] & cols_ok
     # Addressed anew with the owners only: the store's masked lanes must point
     # past the end, not at a row another program writes (dest_rows says why).
-    target = x_out_ref.at[dest_rows(rows, row_ok, num_rows)[:, None], cols[None, :]]
-    plgpu.store(target, (current.astype(acc_dtype) + total).astype(x_out_ref.dtype), mask=mask)
+    _write_total(x_out_ref, dest_rows(rows, row_ok, num_rows), cols, row_ok[:, None] & cols_ok,
+                 total, current, atomic=atomic)
 
 
 def scatter_add_rows_fused(
@@ -197,6 +241,7 @@ def scatter_add_rows_fused(
     combine_duplicates: bool,
     acc_dtype=None,
     tiling: RowTiling | None = None,
+    atomic_write: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """``x.at[indices].add(updates, mode=mode)`` in one launch, duplicates summed in entry order.
@@ -205,8 +250,8 @@ def scatter_add_rows_fused(
     ones wrap once; ``num_rows`` must fit their type); ``updates`` ``(n, d)``.
     Sums are formed in ``acc_dtype`` (default ``x.dtype``) and rounded once.
     Without ``combine_duplicates`` the caller promises distinct rows. The
-    search grows as ``n**2``: small batches only. Traced inside a ``jit``: the
-    result aliases ``x``.
+    search grows as ``n**2``: small batches only. ``atomic_write``: see the
+    module's doc. Traced inside a ``jit``: the result aliases ``x``.
     """
     acc_dtype = jnp.dtype(x.dtype if acc_dtype is None else acc_dtype)
     itemsize = max(x.dtype.itemsize, acc_dtype.itemsize)
@@ -217,7 +262,7 @@ def scatter_add_rows_fused(
         scatter_add_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_rows_fused",
         search_chunk=search_chunk, sum_chunk=sum_chunk, mode=mode, combine=combine_duplicates,
-        acc_dtype=acc_dtype,
+        acc_dtype=acc_dtype, atomic=_check_atomic(x, acc_dtype, atomic_write, interpret),
     )
 
 
@@ -251,7 +296,7 @@ def _run_tiling(num_entries: int, row_width: int, itemsize: int) -> RowTiling:
 
 def scatter_add_sorted_runs_kernel(
     rows_ref, perm_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, sum_chunk: int,
-    run_chunk: int, acc_dtype,
+    run_chunk: int, acc_dtype, atomic: bool = False,
 ):
     """Adds the runs that start in one tile of sorted rows; each run's first entry owns its row."""
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
@@ -276,8 +321,8 @@ def scatter_add_sorted_runs_kernel(
     # The owners' rows are read now, before the runs are summed: the PCIe round
     # trip then overlaps the summing instead of following it.
     mask = owner[:, None] & cols_ok
-    target = x_out_ref.at[dest_rows(rows, owner, num_rows)[:, None], cols[None, :]]
-    current = plgpu.load(target, mask=mask, other=0)
+    dest = dest_rows(rows, owner, num_rows)
+    current = _read_row(x_out_ref, dest, cols, mask, atomic=atomic)
 
     # This block's own entries: each owner sums the entries of its run here.
     total = jnp.zeros((grid.block_rows, grid.block_cols), acc_dtype)
@@ -313,12 +358,13 @@ def scatter_add_sorted_runs_kernel(
         (first + grid.block_rows, jnp.zeros((grid.block_cols,), acc_dtype), going_on),
     )
     total = total + jnp.where(tail_owner[:, None], extra[None, :], zero)
-    plgpu.store(target, (current.astype(acc_dtype) + total).astype(x_out_ref.dtype), mask=mask)
+    _write_total(x_out_ref, dest, cols, mask, total, current, atomic=atomic)
 
 
 def scatter_add_sorted_runs(
     x: jax.Array, rows: jax.Array, perm: jax.Array | None, updates: jax.Array, *,
-    acc_dtype=None, tiling: RowTiling | None = None, interpret: bool = False,
+    acc_dtype=None, tiling: RowTiling | None = None, atomic_write: bool = False,
+    interpret: bool = False,
 ) -> jax.Array:
     """``x[rows[k]] += updates[perm[k]]`` for rows that ascend, duplicates summed in one launch.
 
@@ -327,7 +373,8 @@ def scatter_add_sorted_runs(
     ``perm`` maps each entry to its update row (None: the identity). Each
     run's sum is formed in ``acc_dtype`` (default ``x.dtype``) in entry order,
     chunk by chunk, and added to the buffer's row once: the same input gives
-    the same bits. Traced inside a ``jit``: the result aliases ``x``.
+    the same bits. ``atomic_write``: see the module's doc. Traced inside a
+    ``jit``: the result aliases ``x``.
     """
     (num_entries,) = rows.shape
     acc_dtype = jnp.dtype(x.dtype if acc_dtype is None else acc_dtype)
@@ -340,4 +387,5 @@ def scatter_add_sorted_runs(
         scatter_add_sorted_runs_kernel, (rows, perm, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_sorted_runs", sum_chunk=sum_chunk,
         run_chunk=run_chunk, acc_dtype=acc_dtype,
+        atomic=_check_atomic(x, acc_dtype, atomic_write, interpret),
     )

@@ -149,7 +149,9 @@ def raw_triton_usable() -> bool:
 def kernels(backend: str) -> types.SimpleNamespace:
     """The launchers of one kernel family, by op and path (None where the family has none).
 
-    ``set``, ``set_fused``, ``add``, ``add_fused``, ``add_sorted``, ``get``.
+    ``set``, ``set_fused``, ``add``, ``add_fused``, ``add_sorted``, ``get``, and
+    ``atomic_write_allowed(dtype, acc_dtype)``: whether the family's adds take
+    ``atomic_write=True`` for such a buffer.
 
     ``"interpret"`` is the Pallas family run by the Pallas interpreter.
     Imports the family's modules on first use (ImportError with the reason
@@ -166,6 +168,7 @@ def kernels(backend: str) -> types.SimpleNamespace:
             add_fused=None,
             add_sorted=None,
             get=modules["get"].gather_rows_triton,
+            atomic_write_allowed=lambda dtype, acc_dtype: False,
         )
     return types.SimpleNamespace(
         set=functools.partial(modules["set"].scatter_rows, **interpret),
@@ -174,6 +177,7 @@ def kernels(backend: str) -> types.SimpleNamespace:
         add_fused=functools.partial(modules["add"].scatter_add_rows_fused, **interpret),
         add_sorted=functools.partial(modules["add"].scatter_add_sorted_runs, **interpret),
         get=functools.partial(modules["get"].gather_rows, **interpret),
+        atomic_write_allowed=modules["add"].atomic_write_allowed,
     )
 
 

@@ -176,12 +176,17 @@ def _kernel_set(launch, x2d, rows, updates2d, cfg: RowWrite):
 
 def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
     acc = _rows.add_accumulator_dtype(x2d.dtype)
+    atomic = {}
+    if launch.atomic_write_allowed(x2d.dtype, acc) and (
+        updates2d.shape[0] >= cfg.thresholds.atomic_add_from
+    ):
+        atomic = {"atomic_write": True}
     if launch.add_fused is not None and updates2d.shape[0] <= cfg.thresholds.fused_max_adds:
         # Small batches: one launch that normalizes and combines duplicates by itself.
         raw = _rows.widen(_placement.to_device_memory(rows))
         return launch.add_fused(
             x2d, raw, updates2d, mode=cfg.mode, combine_duplicates=not cfg.unique,
-            acc_dtype=acc,
+            acc_dtype=acc, **atomic,
         )
     rows = _normalized(x2d, rows, cfg)
     src = None
@@ -192,7 +197,7 @@ def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
             # each run in entry order and masks the skip markers itself.
             if not cfg.ascending:
                 rows, src = _rows.stable_order(rows, small_max=cfg.thresholds.runs_rank_max)
-            return launch.add_sorted(x2d, rows, src, updates2d, acc_dtype=acc)
+            return launch.add_sorted(x2d, rows, src, updates2d, acc_dtype=acc, **atomic)
         # One distinct row per kernel entry, summed on the device first; the
         # skip markers it leaves behind must always be masked.
         rows, updates2d = _combined(x2d, rows, updates2d, cfg, presorted=cfg.ascending)
@@ -204,7 +209,9 @@ def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
     ):
         # Distinct rows: sort only for address locality.
         rows, src = lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1)
-    return launch.add(x2d, rows, src, updates2d, acc_dtype=acc, check_bounds=check_bounds)
+    return launch.add(
+        x2d, rows, src, updates2d, acc_dtype=acc, check_bounds=check_bounds, **atomic
+    )
 
 
 def updates_2d(x_dtype, updates, result_shape: tuple[int, ...], width: int):

@@ -73,6 +73,19 @@ class Thresholds:
     # UTC 19.4 / 14.3 (1 Ki), 44.2 / 22.7 (4 Ki), 51.5 / 38.0 (8 Ki), 60.7 / 155.0
     # (16 Ki); 16:40 UTC 22.2 / 14.9, 45.8 / 19.9, 54.0 / 41.6 (16 Ki not rerun).
     runs_rank_max: int = 8192
+    # scatter_add_to_host (Pallas), float32 summed in float32: from this many
+    # updates on, each row's owner adds its total with one atomic add instead
+    # of reading the row and storing the sum (the same bits). Pallas's atomics
+    # are acquire-release: docs/lab/atomic_add_probe.py (H200, 2026-12-04 20:49
+    # UTC, distinct rows in a graphed scan, us per step, read-add-write / atomic
+    # of the plain row kernel): 64 x 1 KiB 14.4 / 17.9, 256 x 1 KiB 15.7 / 19.3,
+    # 1024 x 1 KiB 39.8 / 37.5, 4096 x 512 B 75.4 / 67.9, 16384 x 256 B 195.3 /
+    # 168.7. Wired into the three Pallas add kernels, auto's unpromised add
+    # (20:56 UTC, random rows, read-add-write / atomic): 5 x 4 B 10.3 / 9.6,
+    # 64 x 1 KiB 10.9 / 13.3, 256 x 4 B 11.4 / 13.4, 256 x 1 KiB 16.2 / 17.5,
+    # 1024 x 1 KiB 53.8 / 50.2, 4096 x 512 B 95.4 / 83.9, 16384 x 256 B 182.0 /
+    # 168.0; the sparse client (Zipf) 70.1 / 71.2.
+    atomic_add_from: int = 1024
     # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices,
     # jax.ds) is one XLA copy (dynamic_update_slice / dynamic_slice, the very
     # HLO of XLA's own formulation) for every read, and for a set that needs no

@@ -99,6 +99,51 @@ def test_add_one_launch_and_unfused_paths(rng, backend, path, n, width):
 
 
 @pytest.mark.parametrize("backend", ["interpret", PALLAS])
+@pytest.mark.parametrize("path", [*ADD_PATHS, "distinct_rows"])
+def test_add_atomic_owner_write_gives_the_same_bits(rng, backend, path):
+    # Random float32 values (not exact): the owner's one atomic add of its
+    # total must give the bits of its read-add-store on every path, and both
+    # must be the oracle's up to the rounding order of duplicates. In
+    # interpret mode the kernels keep the read and the store (the Pallas
+    # interpreter has no masked atomics), so the GPU case is the real check.
+    x0 = make_values(rng, (700, 70), "float32")
+    if path == "distinct_rows":
+        idx = rng.permutation(700)[:600] - 350  # Negative rows wrap, none repeats.
+        kwargs, limits = {"unique_indices": True}, {"fused_max_adds": 0}
+    else:
+        idx = mixed_indices(rng, 700, (1500,))
+        kwargs, limits = {}, ADD_PATHS[path]
+    upd = make_values(rng, (idx.shape[0], 70), "float32")
+    outs = {}
+    for atomic_from in (10**9, 0):
+        with tuning.override(**limits, atomic_add_from=atomic_from):
+            add = jax.jit(
+                lambda x, i, u: scatter_add_to_host(x, i, u, backend=backend, **kwargs),
+                donate_argnums=0,
+            )
+            outs[atomic_from] = read(add(put(x0), jnp.asarray(idx), jnp.asarray(upd)))
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[10**9].view(np.uint32))
+    np.testing.assert_allclose(outs[0], scatter_add_oracle(x0, idx, upd, None),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_atomic_owner_write_refuses_other_accumulators():
+    # The atomic adds the total in the buffer's type: a bfloat16 buffer summed
+    # in float32 would round twice, so the kernels refuse rather than differ.
+    from pallas_pinned.kernels import scatter_add_pallas
+
+    x = jnp.zeros((8, 4), jnp.bfloat16)
+    rows = jnp.arange(3, dtype=jnp.int32)
+    with pytest.raises(ValueError, match="float32 buffer summed in float32"):
+        scatter_add_pallas.scatter_add_rows(
+            x, rows, None, jnp.ones((3, 4), jnp.bfloat16), acc_dtype=jnp.float32,
+            atomic_write=True, interpret=True,
+        )
+    assert scatter_add_pallas.atomic_write_allowed(jnp.float32, jnp.float32)
+    assert not scatter_add_pallas.atomic_write_allowed(jnp.bfloat16, jnp.float32)
+
+
+@pytest.mark.parametrize("backend", ["interpret", PALLAS])
 @pytest.mark.parametrize("path", ["sorted_runs", "segmented_scan"])
 def test_add_sorted_promise_with_duplicates(rng, backend, path):
     # Rows that ascend as promised, with long runs: the kernel takes them as
