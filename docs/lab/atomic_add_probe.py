@@ -71,9 +71,9 @@ the ordering from 4096 rows, and the client's hot ids make the one launch 4.9 ti
 
 The first part writes distinct random rows in each step, the others uniform random rows (a
 repeat within a step is rare on these buffers), the updates and rows fed as the scan's inputs;
-every variant runs inside a donated scan of ``steps`` steps, graphed with ``--xla-option xla_gpu_graph_min_graph_size=1``; each is
-run once from zeros and checked against a numpy replay, then timed in ``ROUNDS`` interleaved
-rounds (medians of the per-step time, min and max).
+every variant runs inside a donated scan of ``steps`` steps, graphed with ``--xla-option
+xla_gpu_graph_min_graph_size=1``; each is run once from zeros and checked against a numpy
+replay, then timed in ``ROUNDS`` interleaved rounds (medians of the per-step time, min and max).
 """
 
 from __future__ import annotations
