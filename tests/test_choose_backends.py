@@ -73,6 +73,22 @@ def test_choose_backends_keeps_the_set_kernel_where_auto_s_xla_path_was_not_fast
     assert earlier["1024"]["backend"] == "pallas"
 
 
+def test_choose_backends_counts_a_read_back_win_as_a_win():
+    # The written case misses the margin (4.8 % faster), the read-back case wins by
+    # 9 %: every figure favours XLA's path, so the class takes it; a written win
+    # within the noise and a read-back tie say nothing.
+    def run(written_us, read_us):
+        return [
+            _row("ours_set", "pallas", 16, 20.0), _row("xla_set", "-", 16, 10.0),
+            _row("ours_set", "auto", 16, written_us) | {"hlo_ops": {"fusion": 3}},
+            _row("ours_set_read", "pallas", 16, 30.0), _row("ours_set_read", "auto", 16, read_us),
+        ]
+    entry = choose_backends.choose(run(19.04, 27.3))[1]["set"]["float32"]["16"]
+    assert entry["backend"] == "xla" and "read back: not slower" in entry["xla_path"]
+    entry = choose_backends.choose(run(19.04, 29.0))[1]["set"]["float32"]["16"]
+    assert entry["backend"] == "pallas" and "not faster" in entry["xla_path"]
+
+
 def test_choose_backends_takes_xla_s_set_path_only_where_a_read_back_does_not_lose():
     # XLA's path lost in some cases where the step reads the rows back, so its
     # set-then-read rows (auto's counted only where the same run's set ran
