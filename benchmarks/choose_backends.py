@@ -6,12 +6,8 @@ The source is a loop run whose steps ran as CUDA graphs (``python -m benchmarks.
 --backends pallas,triton --xla-option xla_gpu_graph_min_graph_size=1``): XLA graphs a
 run of 5 or more kernels (its default ``xla_gpu_graph_min_graph_size``), which every
 real training or decode step has, but the loop's toy steps have 3 to 6 kernels, so at
-XLA's defaults each of their kernels is launched alone and the launch decides. The
-choices differ: on the H200 (2026-12-03 17:58 and 17:56 UTC, results/
-loop_quick_h200_1758.json and loop_quick_graphs_h200_1756.json) raw Triton's set of
-64 x 1 KiB took 11.3 us against Pallas's 21.8 with launches alone, and 11.0 against
-8.1 in graphs (graphed, an empty Pallas launch costs about nothing; raw Triton fell
-behind Pallas in 55 of the run's 56 kernel pairs, and in 62 of 63 at 18:56 UTC).
+XLA's defaults each of their kernels is launched alone and the launch decides
+(benchmarks/README.md has the runs that showed the choices differ).
 
 For each op (set, add, gather), dtype and size class (the run's row counts:
 a call of ``n`` entries falls in the smallest measured count ``>= n``), the
@@ -35,25 +31,20 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
   (``--xla-path-from``), judged against that same run's kernel. The write-then-read
   rows that run timed (``ours_set_read`` / ``ours_add_read``) are cases of the class
   too: a fast write can still lose once the step reads the rows back, and a win there
-  counts as one. Where no run measured it, the kernel stays. The default evidence is a
-  graphed run made for it (2026-12-04 16:22 UTC, ``$PALLAS_PINNED_BACKEND_TABLE`` naming
-  a table with ``xla`` for every float32 set and add class, in ``benchmarks/results``).
-  Set: XLA's path beat the kernel at 64 x 1 KiB (6.8 against 8.0 us per step; read
-  back 11.0 against 11.1) and lost from 1024 rows (51.2 against 29.1: its
-  de-duplication sorts). Add: it beat the kernel by more than the noise in six of
-  seven cases and tied at 256 x 4 B (8.6 against 8.8; 36.9 against 45.0 at 1024 x 1
-  KiB, read back 52.8 against 67.4), as fast as XLA's bare add.
-* add needs a real client's word too. The loop's rows never repeat within a
-  step; the sparse-training client's Zipf ids do (about 1895 distinct of
-  4096). Run under the same table (``--add-client-from``, 16:10 UTC), ``auto``
-  on XLA's add path took 705.0 us per step against the kernels' 73.2; on
-  uniform ids (``--distinct-client-from``, 16:09 UTC, about 4095 distinct of
-  4096) 120.0 against 135.3. XLA's own training on the same table took 765.7
-  and 171.2: its add slows with repeated rows. So an add class takes
-  XLA's path only where the Zipf client was not slower by more than the
-  noise; where only the uniform one was not, the entry's ``distinct_backend``
-  is ``xla``: what ``auto`` runs for rows known distinct (``unique_indices=True``
-  without ``mode="clip"``, or an index form that cannot repeat a row).
+  counts as one, and so do the cases of a run whose step inputs were materialized
+  (``--materialized-from``, ``benchmarks.loop --inputs materialized``): in the toy step XLA
+  fuses the making of the inputs into its own scatter, which no custom call can have and no
+  real step offers. Where no run measured it, the kernel stays. The default evidence for
+  XLA's path is a graphed run made for it (2026-12-04 16:22 UTC, under a table with ``xla``
+  for every float32 set and add class); the README's "What ``auto`` runs" has its figures.
+* add needs a real client's word too. The loop's rows never repeat within a step; the
+  sparse-training client's Zipf ids do. Run under the same table (``--add-client-from``),
+  ``auto`` on XLA's add path took 705.0 us per step against the kernels' 73.2; on uniform
+  ids (``--distinct-client-from``) 120.0 against 135.3. So an add class takes XLA's path
+  only where the Zipf client was not slower by more than the noise; where only the uniform
+  one was not, the entry's ``distinct_backend`` is ``xla``: what ``auto`` runs for rows
+  known distinct (``unique_indices=True`` without ``mode="clip"``, or an index form that
+  cannot repeat a row).
 * gather stays on the kernels: XLA's gather lost in every loop case.
 
 The table, with where it came from, goes to ``pallas_pinned/backend_table.json``,
@@ -68,6 +59,15 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.backend_evidence import (
+    NOISE,
+    UNMEASURED_CLIENT,
+    XLA_PATH_OPS,
+    client_verdict,
+    usable,
+    xla_path_table,
+)
+
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "pallas_pinned" / "backend_table.json"
 DEFAULT_SOURCE = REPO / "benchmarks" / "results" / "loop_quick_graphs_h200.json"
@@ -80,14 +80,15 @@ DEFAULT_XLA_PATH = REPO / "benchmarks" / "results" / "loop_xla_path_graphs_h200.
 DEFAULT_ADD_CLIENT = REPO / "benchmarks" / "results" / "sparse_training_graphs_h200_xla_path.json"
 DEFAULT_DISTINCT_CLIENT = DEFAULT_ADD_CLIENT.with_name(
     "sparse_training_graphs_h200_xla_path_uniform.json")
+# The same grid with each step's inputs materialized (benchmarks.loop --inputs materialized).
+DEFAULT_MATERIALIZED = REPO / "benchmarks" / "results" / "loop_quick_graphs_materialized_h200.json"
 
 
 def _label(path: Path) -> str:
     path = path.resolve()
     return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
-# Repeated runs of one case spread by a few percent (benchmarks/results/loop_h200.json,
-# min/max per record): a smaller difference is not a measurement of which is faster.
-NOISE = 0.05
+
+
 PROVIDERS = {
     "ours_set": "set", "ours_add": "add", "ours_get": "gather",
     "xla_set": "set", "xla_add": "add", "xla_get": "gather",
@@ -100,12 +101,6 @@ PROVIDERS = {
 # The providers whose auto rows, with no kernel of ours in the step, measured XLA's path.
 _WRITES = ("ours_set", "ours_add", "ours_set_unique", "ours_add_unique")
 OPS = ("set", "add", "gather")
-# The ops auto may run as XLA's own formulation (``pallas_pinned._registry``).
-XLA_PATH_OPS = ("set", "add")
-
-
-def _usable(r: dict) -> bool:
-    return r.get("us_per_step") is not None and r.get("correct") is not False
 
 
 def _ran_kernel(r: dict) -> bool:
@@ -122,11 +117,11 @@ def _class_times(records: list[dict]) -> dict:
     xla_path = {(PROVIDERS[r["provider"]], r["dtype"], r["rows"], r["row_bytes"])
                 for r in records
                 if r["provider"] in _WRITES and r.get("backend") == "auto"
-                and _usable(r) and not _ran_kernel(r)}
+                and usable(r) and not _ran_kernel(r)}
     times = defaultdict(lambda: defaultdict(dict))
     for r in records:
         op = PROVIDERS.get(r["provider"])
-        if op is None or not _usable(r):
+        if op is None or not usable(r):
             continue
         name = "xla" if r["provider"].startswith("xla_") else r.get("backend")
         if name not in ("pallas", "triton", "xla", "auto"):
@@ -153,57 +148,39 @@ def _compared(cases: dict) -> tuple[list[dict], str, dict]:
     return full, "triton" if faster else "pallas", totals
 
 
-def _xla_path_faster(full: list[dict], kernel: str, reads: dict | None) -> tuple[bool | None, str]:
+def _xla_path_faster(full: list[dict], kernel: str, reads: dict | None,
+                     materialized: list[dict] = ()) -> tuple[bool | None, str]:
     """Whether auto's XLA path beat the kernel by more than the noise in some case and
     lost by more than the noise in none (None: not measured in these cases; a tie
     within the noise says nothing of which is faster). The write-then-read rows
     (``reads``: the class's cases) count as cases of the class, both ways: a write that
     is fast alone can still lose once the step reads the rows back, and a win there is
     as much a win (a class whose every figure favours XLA's path does not flip on one
-    written case that missed the margin)."""
+    written case that missed the margin). So do the ``materialized`` cases (the run with
+    the step's inputs materialized, written and read back), whichever run measured the
+    path itself."""
     if not full or not all("auto" in c for c in full):
         return None, ""
     read = [c for c in (reads or {}).values() if {"auto", kernel} <= set(c)]
-    cases = full + read
+    more = [c for c in materialized if {"auto", kernel} <= set(c)]
+    cases = full + read + more
     faster = (any(c["auto"] < c[kernel] * (1 - NOISE) for c in cases)
               and not any(c["auto"] > c[kernel] * (1 + NOISE) for c in cases))
-    if not read:
-        return faster, "read back: unmeasured"
-    slower_read = any(c["auto"] > c[kernel] * (1 + NOISE) for c in read)
-    return faster, f"read back: {'slower' if slower_read else 'not slower'}"
+    words = []
+    for what, some in (("read back", read), ("materialized inputs", more)):
+        slower = any(c["auto"] > c[kernel] * (1 + NOISE) for c in some)
+        word = "unmeasured" if not some else "slower" if slower else "not slower"
+        words.append(f"{what}: {word}")
+    return faster, "; ".join(words)
 
 
-def client_verdict(run: dict | None, label: str = "") -> tuple[bool | None, str]:
-    """Whether the sparse-training client, run under a table with XLA's add path, was no
-    slower with it (``ours``) than with the kernels (``ours_kernels``) by more than the
-    noise; None where no such run measured it. Its steps read back the rows the last
-    step added, with Zipf ids that repeat: what the loop's add rows lack."""
-    where = f"the sparse-training client ({label})" if label else "the sparse-training client"
-    if run is None:
-        return None, f"{where}: unmeasured"
-    distinct = run["meta"].get("distinct_ids_per_step", {}).get("mean")
-    if distinct is not None:
-        where += (f", Zipf s={run['meta'].get('zipf_s')} ids, {distinct:.0f} distinct of "
-                  f"{run['meta'].get('batch')} per step")
-    if run["meta"].get("auto_choices", {}).get("add") != "xla":
-        return None, f"{where}: did not run XLA's add path"
-    us = {r["provider"]: r["us_per_step"] for r in run["records"] if _usable(r)}
-    if "ours" not in us or "ours_kernels" not in us:
-        return None, f"{where}: unmeasured"
-    ours, kernels = us["ours"], us["ours_kernels"]
-    slower = ours > kernels * (1 + NOISE)
-    return not slower, (f"{where}: {'slower' if slower else 'not slower'}, {ours:.1f} against "
-                        f"the kernels' {kernels:.1f} us per step")
-
-
-UNMEASURED_CLIENT = (None, "the sparse-training client: unmeasured")
 _VERDICT_WORDS = {True: "not slower", False: "slower", None: "unmeasured"}
 
 
 def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None = None,
            add_client: tuple[bool | None, str] = UNMEASURED_CLIENT,
            distinct_client: tuple[bool | None, str] = UNMEASURED_CLIENT,
-           ) -> tuple[list[int], dict]:
+           materialized: list[dict] | None = None) -> tuple[list[int], dict]:
     """``(size_classes, choices)`` from a loop run's records.
 
     ``xla_path_records`` (label -> records) are earlier runs in which ``auto``
@@ -216,9 +193,12 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
     but ``distinct_client`` (the client on ids that seldom repeat) is, the entry's
     ``"distinct_backend"`` is ``xla``: what ``auto`` runs for rows known distinct. XLA's
     add path does not de-duplicate, so the loop's unpromised rows (distinct, as its
-    rows always are) measured the very program a promised add runs.
+    rows always are) measured the very program a promised add runs. ``materialized``
+    (records of the grid with each step's inputs materialized) adds its cases to every
+    judgment of XLA's path, not to the kernel choice.
     """
     times = _class_times(records)
+    materialized_times = _class_times(materialized or [])
     sources = {"this run": times} | {label: _class_times(r)
                                      for label, r in (xla_path_records or {}).items()}
     classes = sorted({rows for (op, _, rows) in times if op in OPS})
@@ -232,22 +212,26 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
             continue
         entry = {"backend": kernel, "cases": len(full)}
         if op in XLA_PATH_OPS:
-            _judge_xla_path(entry, key, full, kernel, sources, add_client, distinct_client)
+            _judge_xla_path(entry, key, full, kernel, sources, add_client, distinct_client,
+                            materialized_times)
         entry.update({f"{k}_us": round(v, 1) for k, v in totals.items()})
         choices.setdefault(op, {}).setdefault(dtype, {})[str(rows)] = entry
     return classes, choices
 
 
-def _path_verdict(key: tuple, kernel: str, sources: dict) -> tuple[bool | None, str]:
+def _path_verdict(key: tuple, kernel: str, sources: dict,
+                  materialized: dict) -> tuple[bool | None, str]:
     """XLA's path for ``key`` (op, dtype, rows), judged in the first of ``sources`` (label
     -> class times) that measured it, against that run's kernel (``kernel`` where it
-    ran, else Pallas)."""
+    ran, else Pallas), with the cases of ``materialized`` (class times) beside it."""
     op, dtype, rows = key
+    read_key = (f"{op}_read", dtype, rows)
     for label, run in sources.items():
         cases = list(run.get(key, {}).values())
         own = kernel if any(kernel in c for c in cases) else "pallas"
+        more = [*materialized.get(key, {}).values(), *materialized.get(read_key, {}).values()]
         verdict, read = _xla_path_faster([c for c in cases if own in c], own,
-                                         run.get((f"{op}_read", dtype, rows)))
+                                         run.get(read_key), more)
         if verdict is not None:
             return verdict, (f"{'faster' if verdict else 'not faster'} than the kernel "
                              f"({label}; {read})")
@@ -260,7 +244,7 @@ def _kernel_never_slower(cases: list[dict], kernel: str) -> bool:
 
 
 def _judge_xla_path(entry: dict, key: tuple, full: list[dict], kernel: str, sources: dict,
-                    add_client: tuple, distinct_client: tuple) -> None:
+                    add_client: tuple, distinct_client: tuple, materialized: dict) -> None:
     """Fills a set or add entry's ``backend`` and ``distinct_backend`` from XLA's path.
 
     XLA's path is judged only where the kernel lost to XLA's bare op in some case: for
@@ -271,7 +255,7 @@ def _judge_xla_path(entry: dict, key: tuple, full: list[dict], kernel: str, sour
     op, dtype, rows = key
     verdict = None
     if not _kernel_never_slower(full, kernel):
-        verdict, entry["xla_path"] = _path_verdict(key, kernel, sources)
+        verdict, entry["xla_path"] = _path_verdict(key, kernel, sources, materialized)
     distinct_cases = sources["this run"].get((f"{op}_distinct", dtype, rows), {})
     promised = [c | {"xla": bare["xla"]} for case, bare in sources["this run"][key].items()
                 if "xla" in bare and kernel in (c := distinct_cases.get(case, {}))]
@@ -280,7 +264,7 @@ def _judge_xla_path(entry: dict, key: tuple, full: list[dict], kernel: str, sour
         distinct_verdict = False  # the kernel told so is no slower than XLA's bare op
     elif promised:
         distinct_verdict, entry["distinct_xla_path"] = _path_verdict(
-            (f"{op}_distinct", dtype, rows), kernel, sources)
+            (f"{op}_distinct", dtype, rows), kernel, sources, materialized)
     if op == "add":  # the loop's verdict alone does not decide add's
         if distinct_verdict is None and verdict is not None:
             # XLA's add path does not de-duplicate: unpromised rows, distinct as the
@@ -297,21 +281,6 @@ def _judge_xla_path(entry: dict, key: tuple, full: list[dict], kernel: str, sour
         distinct = "xla" if distinct_verdict else kernel
         if distinct != entry["backend"]:
             entry["distinct_backend"] = distinct
-
-
-def xla_path_table(table: dict) -> dict:
-    """``table`` with XLA's path for every set and add class. A loop run under it (named
-    by ``$PALLAS_PINNED_BACKEND_TABLE``) measures that path in its ``auto`` set and add
-    rows: the evidence ``--xla-path-from`` reads (``benchmarks/gpu_session.sh`` stage
-    ``xlapath``)."""
-    forced = json.loads(json.dumps(table))
-    for op in XLA_PATH_OPS:
-        for sizes in forced["choices"].get(op, {}).values():
-            for entry in sizes.values():
-                entry["backend"] = "xla"
-                entry.pop("distinct_backend", None)  # rows promised distinct too
-    forced["note"] = "every set and add class forced to xla, to measure auto's XLA path"
-    return forced
 
 
 def main(argv=None) -> int:
@@ -331,6 +300,10 @@ def main(argv=None) -> int:
         help="the same on ids that seldom repeat: decides add's distinct_backend (default: "
              f"{_label(DEFAULT_DISTINCT_CLIENT)})")
     parser.add_argument(
+        "--materialized-from", type=Path, default=DEFAULT_MATERIALIZED,
+        help="the loop with its step inputs materialized: its cases also judge XLA's path "
+             f"(default: {_label(DEFAULT_MATERIALIZED)})")
+    parser.add_argument(
         "--xla-path-table", type=Path, default=None, metavar="FILE",
         help="only write the shipped table with XLA's path for every set and add class to "
              "FILE (run a loop with $PALLAS_PINNED_BACKEND_TABLE=FILE to measure that path) "
@@ -349,13 +322,19 @@ def main(argv=None) -> int:
                if p.resolve() != args.source.resolve() and p.exists()}
     clients = [client_verdict(json.loads(p.read_text()) if p.exists() else None, _label(p))
                for p in (args.add_client_from, args.distinct_client_from)]
-    classes, choices = choose(run["records"], earlier, *clients)
+    materialized = (json.loads(args.materialized_from.read_text())
+                    if args.materialized_from.exists() else None)
+    if materialized is not None and materialized["meta"].get("inputs") != "materialized":
+        raise SystemExit(f"{args.materialized_from} is not a run with --inputs materialized")
+    classes, choices = choose(run["records"], earlier, *clients,
+                              materialized=materialized and materialized["records"])
     source = args.source.resolve()
     table = {
         "source": str(source.relative_to(REPO) if source.is_relative_to(REPO) else source),
         "xla_path_from": sorted(earlier),
         "add_client_from": _label(args.add_client_from),
         "distinct_client_from": _label(args.distinct_client_from),
+        "materialized_from": _label(args.materialized_from) if materialized else None,
         "clients": {"add": clients[0][1], "distinct": clients[1][1]},
         "measured": {k: meta.get(k) for k in ("date_utc", "gpu_name", "jax", "triton",
                                              "jax_triton", "compiler_options")},
@@ -365,7 +344,8 @@ def main(argv=None) -> int:
             f"only if ours with auto (XLA's path, for set with our de-duplication, measured in "
             f"this run or else in xla_path_from) was faster than the kernel of the same run by "
             f"more than {NOISE:.0%} in some case and slower by more than {NOISE:.0%} in none, "
-            f"not slower read back, and for add not slower "
+            f"the cases read back and those with materialized inputs (materialized_from) "
+            f"counted too, and for add not slower "
             f"in the sparse-training client (add_client_from) either; distinct_backend: the "
             f"same for rows known distinct, judged by the client on ids that seldom repeat "
             f"(distinct_client_from); unmeasured, the kernel stays"

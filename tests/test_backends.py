@@ -157,7 +157,12 @@ def test_auto_follows_the_shipped_measured_table():
         json.loads((choose_backends.REPO / shipped[key]).read_text()), shipped[key])
         for key in ("add_client_from", "distinct_client_from")]
     assert shipped["clients"] == {"add": clients[0][1], "distinct": clients[1][1]}
-    classes, choices = choose_backends.choose(run["records"], earlier, *clients)
+    materialized = shipped["materialized_from"]
+    assert materialized, "the table names the run with materialized inputs it judged by"
+    materialized_run = json.loads((choose_backends.REPO / materialized).read_text())
+    assert materialized_run["meta"]["inputs"] == "materialized"
+    classes, choices = choose_backends.choose(
+        run["records"], earlier, *clients, materialized=materialized_run["records"])
     assert (classes, choices) == (shipped["size_classes"], shipped["choices"])
     for op, dtypes in shipped["choices"].items():
         for dtype, sizes in dtypes.items():

@@ -8,6 +8,8 @@ rows promised distinct judged apart, and what is left unmeasured.
 
 import json
 
+import pytest
+
 import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
 from benchmarks import choose_backends
 
@@ -87,6 +89,34 @@ def test_choose_backends_counts_a_read_back_win_as_a_win():
     assert entry["backend"] == "xla" and "read back: not slower" in entry["xla_path"]
     entry = choose_backends.choose(run(19.04, 29.0))[1]["set"]["float32"]["16"]
     assert entry["backend"] == "pallas" and "not faster" in entry["xla_path"]
+
+
+def test_choose_backends_judges_xla_s_path_on_materialized_inputs_too(tmp_path):
+    # The fused run has XLA's path 8 % ahead; with the step's inputs materialized it
+    # lost by 20 %: a case of the class like any other, so the kernel stays. The kernel
+    # choice itself (totals, Triton or Pallas) reads the source run alone.
+    fused = _xla_path_case("set", 64, 7.2, 5.0, 6.6) + [_row("ours_set", "triton", 64, 10.0)]
+    lost = _xla_path_case("set", 64, 7.0, 7.4, 8.4)
+    alone = choose_backends.choose(fused)[1]["set"]["float32"]["64"]
+    assert alone["backend"] == "xla"
+    entry = choose_backends.choose(fused, materialized=lost)[1]["set"]["float32"]["64"]
+    assert entry["backend"] == "pallas" and entry["pallas_us"] == 7.2
+    # The same where the source's auto ran the kernel and an earlier run measured the
+    # path: the materialized cases still count, so the choice does not flip back.
+    kernel_ran = [dict(r, hlo_ops={"custom-call:x": 1}) if r["backend"] == "auto" else r
+                  for r in fused]
+    earlier = choose_backends.choose(kernel_ran, {"old.json": fused}, materialized=lost)
+    assert earlier[1]["set"]["float32"]["64"]["backend"] == "pallas"
+    won = _xla_path_case("set", 64, 7.0, 7.4, 6.9)
+    assert choose_backends.choose(fused, materialized=won)[1]["set"]["float32"]["64"][
+        "backend"] == "xla"
+    # The command line takes only a run made with --inputs materialized.
+    source, other = tmp_path / "loop.json", tmp_path / "not_materialized.json"
+    source.write_text(json.dumps({"meta": {}, "records": fused}))
+    other.write_text(json.dumps({"meta": {"inputs": "fused"}, "records": lost}))
+    with pytest.raises(SystemExit, match="not a run with --inputs materialized"):
+        choose_backends.main([str(source), "--out", str(tmp_path / "t.json"),
+                              "--materialized-from", str(other)])
 
 
 def test_choose_backends_takes_xla_s_set_path_only_where_a_read_back_does_not_lose():

@@ -1,0 +1,59 @@
+"""The evidence :mod:`benchmarks.choose_backends` reads beside its loop run.
+
+How much two timings must differ to say which is faster, the sparse-training
+client's verdict on XLA's add path, and the table that makes a loop run measure
+that path (``--xla-path-table``).
+"""
+
+from __future__ import annotations
+
+import json
+
+# Repeated runs of one case spread by a few percent (benchmarks/results/loop_h200.json,
+# min/max per record): a smaller difference is not a measurement of which is faster.
+NOISE = 0.05
+# The ops auto may run as XLA's own formulation (``pallas_pinned._registry``).
+XLA_PATH_OPS = ("set", "add")
+UNMEASURED_CLIENT = (None, "the sparse-training client: unmeasured")
+
+
+def usable(r: dict) -> bool:
+    return r.get("us_per_step") is not None and r.get("correct") is not False
+
+
+def client_verdict(run: dict | None, label: str = "") -> tuple[bool | None, str]:
+    """Whether the sparse-training client, run under a table with XLA's add path, was no
+    slower with it (``ours``) than with the kernels (``ours_kernels``) by more than the
+    noise; None where no such run measured it. Its steps read back the rows the last
+    step added, with Zipf ids that repeat: what the loop's add rows lack."""
+    where = f"the sparse-training client ({label})" if label else "the sparse-training client"
+    if run is None:
+        return None, f"{where}: unmeasured"
+    distinct = run["meta"].get("distinct_ids_per_step", {}).get("mean")
+    if distinct is not None:
+        where += (f", Zipf s={run['meta'].get('zipf_s')} ids, {distinct:.0f} distinct of "
+                  f"{run['meta'].get('batch')} per step")
+    if run["meta"].get("auto_choices", {}).get("add") != "xla":
+        return None, f"{where}: did not run XLA's add path"
+    us = {r["provider"]: r["us_per_step"] for r in run["records"] if usable(r)}
+    if "ours" not in us or "ours_kernels" not in us:
+        return None, f"{where}: unmeasured"
+    ours, kernels = us["ours"], us["ours_kernels"]
+    slower = ours > kernels * (1 + NOISE)
+    return not slower, (f"{where}: {'slower' if slower else 'not slower'}, {ours:.1f} against "
+                        f"the kernels' {kernels:.1f} us per step")
+
+
+def xla_path_table(table: dict) -> dict:
+    """``table`` with XLA's path for every set and add class. A loop run under it (named
+    by ``$PALLAS_PINNED_BACKEND_TABLE``) measures that path in its ``auto`` set and add
+    rows: the evidence ``--xla-path-from`` reads (``benchmarks/gpu_session.sh`` stage
+    ``xlapath``)."""
+    forced = json.loads(json.dumps(table))
+    for op in XLA_PATH_OPS:
+        for sizes in forced["choices"].get(op, {}).values():
+            for entry in sizes.values():
+                entry["backend"] = "xla"
+                entry.pop("distinct_backend", None)  # rows promised distinct too
+    forced["note"] = "every set and add class forced to xla, to measure auto's XLA path"
+    return forced
