@@ -6,7 +6,8 @@ and never copied), except that each program reads the destination rows, adds
 the update rows in an accumulator type and writes the sums back, rounded once.
 
 Programs run in parallel, and two read-add-write sequences on the same row
-would lose one of the additions, so exactly one program writes each row:
+would lose one of the additions (and atomics would add in no fixed order), so
+exactly one program writes each row:
 
 * :func:`scatter_add_rows`: the caller makes the valid rows distinct
   (duplicates combined on the device first);
@@ -142,7 +143,7 @@ def scatter_add_rows(
 # index, and the FIRST occurrence of a row owns it: it searches the earlier
 # entries for its row (if one is found, the entry is skipped), then sums the
 # later entries of its row into its own, chunk by chunk in entry order, and
-# does the one read-add-write. Distinct rows cost one search of the indices;
+# does the one read-add-write (or atomic add). Distinct rows cost one search of the indices;
 # the update rows of duplicates are loaded only for chunks that hold some.
 
 # Elements of the (block_rows, sum_chunk, block_cols) tensor one step of the
@@ -271,7 +272,8 @@ def scatter_add_rows_fused(
 # Above the one-launch limit XLA normalizes the rows and puts them in a stable
 # order (counted ranks, or a sort: tuning.runs_rank_max), so the entries of a
 # row form one run, in entry order. The run's first entry owns the row: its
-# program sums the run chunk by chunk and does the one read-add-write. Runs are
+# program sums the run chunk by chunk and does the one read-add-write (or atomic
+# add). Runs are
 # contiguous, so only a program's last run can go on past its block, and its
 # owner follows it until it ends. This replaces the segmented scan's log2(n)
 # passes over the updates, which took most of the sparse client's add on the
