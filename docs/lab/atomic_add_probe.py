@@ -8,8 +8,9 @@ Question. Every add kernel of ours ends with one owner per row doing a read-add-
 reads the row over PCIe, adds the combined total and stores the sum. In the graphed loop
 (20:06 UTC) that made the add cost more over our set than XLA's add costs over XLA's set:
 1024 x 1 KiB 40.8 against 27.5 us (XLA 36.2 against 23.8), 4096 x 512 B 91.8 against 50.8
-(XLA 60.3 against 172.1). XLA's add into the pinned buffer is a GPU scatter with float
-atomics (``xla_scatter_hlo_probe``), no read of ours in the step's chain. An owner that adds
+(XLA 60.3 against 172.1). XLA's add into the pinned buffer is a GPU scatter
+(``xla_scatter_hlo_probe``) whose emitter adds atomically when the indices are not declared
+unique: no read of ours in the step's chain. An owner that adds
 its total with one atomic instead writes the same bits (one rounding of ``x + total``, the
 total still summed in entry order) and needs no read of its own.
 
