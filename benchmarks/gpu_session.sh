@@ -2,16 +2,15 @@
 # One batched GPU session: install, GPU tests, benchmarks, notebooks; logs to $OUT.
 # Usage (on the H200, from the repository root, so that `python3 -m benchmarks.*` resolves):
 #   bash benchmarks/gpu_session.sh "tests loop sparse"      # or "tests quick full notebooks"
-# Stages: tests quick full demo gatheradd loop loopgraphs xlapath sparse tune notebooks
+# Stages: tests quick full demo gatheradd loop loopgraphs loopmat xlapath sparse tune notebooks
 # Rough times (each stage's timeout in brackets): tests <= 5.5 min [330 s], quick ~2 [420 s],
 # full ~6 [420 s], demo < 1 [200 s], gatheradd ~1 [200 s], loop ~5 [420 s],
-# loopgraphs ~3 [420 s], xlapath ~3 [570 s], sparse ~1 [240 s], tune ~3 [360 s], notebooks ~2
-# [200 s each]. The
-# sum of the timeouts of "tests loop sparse" is 16.5 min; of every stage ~68 min (more than
-# one 30-minute lease).
+# loopgraphs ~3 [420 s], loopmat ~2 [300 s], xlapath ~3 [570 s], sparse ~1 [240 s],
+# tune ~3 [360 s], notebooks ~2 [200 s each]. The sum of the timeouts of "tests loop sparse"
+# is 16.5 min; of every stage ~73 min (more than one 30-minute lease).
 # Where one command may run 10 min at most, split the stages over calls whose timeouts fit:
-#   "tests sparse" (9.5 min), "loop" (7), "loopgraphs" (7), "full" (7), "quick" (7),
-#   "gatheradd demo" (6.7), "xlapath" (9.5), "tune" (6), "notebooks" (10).
+#   "tests sparse" (9.5 min), "loop" (7), "loopgraphs" (7), "loopmat sparse" (9), "full" (7),
+#   "quick" (7), "gatheradd demo" (6.7), "xlapath" (9.5), "tune" (6), "notebooks" (10).
 # LOOP_ARGS (default "--backends pallas,triton", gather included) is passed to the loop stage
 # and to loopgraphs, which also gives every scan xla_gpu_graph_min_graph_size=1 (the step's
 # kernels as one CUDA graph, as a real step's are: the run benchmarks.choose_backends
@@ -19,6 +18,8 @@
 # runs it (a table with it for every set and add class, graphed, read-back rows included), then
 # the sparse-training client under that table on Zipf and on uniform ids: the evidence
 # choose_backends reads with --xla-path-from, --add-client-from and --distinct-client-from.
+# loopmat runs the quick grid graphed with each step's inputs materialized: the run
+# choose_backends also judges XLA's path on (--materialized-from).
 # jax-triton is carried as a wheel in .whl/ (the machine has no registry).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -76,6 +77,14 @@ for stage in $stages; do
         > "$OUT/bench_loop_graphs.log" 2>&1; echo "loopgraphs rc=$?"
       tail -45 "$OUT/bench_loop_graphs.log"
       tar czf "$OUT/bench_loop_graphs.tgz" -C /tmp/bench_loop_graphs . ;;
+    loopmat)
+      log "bench loop, command buffers, inputs materialized"
+      timeout 300 python3 -m benchmarks.loop --quick --backends pallas --patterns none \
+        --xla-option xla_gpu_graph_min_graph_size=1 --inputs materialized --time-budget-s 150 \
+        --no-plots --out /tmp/bench_loop_materialized \
+        > "$OUT/bench_loop_materialized.log" 2>&1; echo "loopmat rc=$?"
+      tail -25 "$OUT/bench_loop_materialized.log"
+      tar czf "$OUT/bench_loop_materialized.tgz" -C /tmp/bench_loop_materialized . ;;
     xlapath)
       log "bench loop, XLA's set and add path as auto, command buffers"
       python3 -m benchmarks.choose_backends --xla-path-table /tmp/xla_path_table.json
