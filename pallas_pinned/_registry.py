@@ -17,8 +17,9 @@ through to (tokamax's registry is the model):
   ``.add(y)``; for a host buffer XLA compiles it to a GPU scatter kernel that
   stores into the buffer over PCIe, as ours do (it tags that kernel host
   compute but runs it on the GPU). ``auto`` runs it where the table
-  measured it faster than the kernels (small float32 sets in a loop; float32
-  sets and adds of rows known distinct, an entry's ``distinct_backend``); a
+  measured it faster than the kernels (float32 sets and adds of rows known
+  distinct, an entry's ``distinct_backend``; a table may also send unpromised
+  sets there, after our de-duplication); a
   set's bits are the same (the last write wins), an add's sums too up to the
   rounding order of duplicates;
 * ``"xla"``: the plain-jnp reference (``reference.py``, ``_host_xla.py``),
