@@ -12,6 +12,17 @@ import json
 # Repeated runs of one case spread by a few percent (benchmarks/results/loop_h200.json,
 # min/max per record): a smaller difference is not a measurement of which is faster.
 NOISE = 0.05
+
+
+def slower(us: float, than: float) -> bool:
+    """``us`` took longer than ``than`` by more than :data:`NOISE`."""
+    return us > than * (1 + NOISE)
+
+
+def faster(us: float, than: float) -> bool:
+    """``us`` took less than ``than`` by more than :data:`NOISE`."""
+    return us < than * (1 - NOISE)
+
 # The ops auto may run as XLA's own formulation (``pallas_pinned._registry``).
 XLA_PATH_OPS = ("set", "add")
 UNMEASURED_CLIENT = (None, "the sparse-training client: unmeasured")
@@ -39,8 +50,8 @@ def client_verdict(run: dict | None, label: str = "") -> tuple[bool | None, str]
     if "ours" not in us or "ours_kernels" not in us:
         return None, f"{where}: unmeasured"
     ours, kernels = us["ours"], us["ours_kernels"]
-    slower = ours > kernels * (1 + NOISE)
-    return not slower, (f"{where}: {'slower' if slower else 'not slower'}, {ours:.1f} against "
+    lost = slower(ours, kernels)
+    return not lost, (f"{where}: {'slower' if lost else 'not slower'}, {ours:.1f} against "
                         f"the kernels' {kernels:.1f} us per step")
 
 

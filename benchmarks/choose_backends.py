@@ -64,6 +64,8 @@ from benchmarks.backend_evidence import (
     UNMEASURED_CLIENT,
     XLA_PATH_OPS,
     client_verdict,
+    faster,
+    slower,
     usable,
     xla_path_table,
 )
@@ -144,8 +146,8 @@ def _compared(cases: dict) -> tuple[list[dict], str, dict]:
     if not full:
         full = [c for c in cases.values() if {"pallas", "xla"} <= set(c)]
     totals = {k: sum(c[k] for c in full) for k in (full[0] if full else ())}
-    faster = "triton" in totals and totals["triton"] < totals["pallas"] * (1 - NOISE)
-    return full, "triton" if faster else "pallas", totals
+    triton = "triton" in totals and faster(totals["triton"], totals["pallas"])
+    return full, "triton" if triton else "pallas", totals
 
 
 def _xla_path_faster(full: list[dict], kernel: str, reads: dict | None,
@@ -164,14 +166,15 @@ def _xla_path_faster(full: list[dict], kernel: str, reads: dict | None,
     read = [c for c in (reads or {}).values() if {"auto", kernel} <= set(c)]
     more = [c for c in materialized if {"auto", kernel} <= set(c)]
     cases = full + read + more
-    faster = (any(c["auto"] < c[kernel] * (1 - NOISE) for c in cases)
-              and not any(c["auto"] > c[kernel] * (1 + NOISE) for c in cases))
+    def lost(some):
+        return any(slower(c["auto"], c[kernel]) for c in some)
+
+    won = any(faster(c["auto"], c[kernel]) for c in cases) and not lost(cases)
     words = []
     for what, some in (("read back", read), ("materialized inputs", more)):
-        slower = any(c["auto"] > c[kernel] * (1 + NOISE) for c in some)
-        word = "unmeasured" if not some else "slower" if slower else "not slower"
+        word = "unmeasured" if not some else "slower" if lost(some) else "not slower"
         words.append(f"{what}: {word}")
-    return faster, "; ".join(words)
+    return won, "; ".join(words)
 
 
 _VERDICT_WORDS = {True: "not slower", False: "slower", None: "unmeasured"}
