@@ -89,7 +89,7 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_pinned.kernels import pallas_common, scatter_add_pallas, scatter_pallas
 from pallas_pinned.kernels import triton_common as tc
 from pallas_pinned.kernels.triton_common import tl, triton
-from xla_path_dedup_probe import HOST, _compile, _scan, _time, run_sparse
+from xla_path_dedup_probe import HOST, _scan, compile_and_time, run_sparse
 
 import pallas_pinned as pp
 from benchmarks import environment
@@ -207,10 +207,8 @@ def run_case(options, rng, sizes, n, row_bytes, fns, *, distinct):
                   f"{'ok' if ok else 'DIFFERS'}", flush=True)
 
     label = f"add {n} x {row_bytes} B{'' if distinct else ' (repeats allowed)'}"
-    first = make_args(fresh=True)
-    compiled = _compile({k: _scan(f) for k, f in fns.items()}, first, options, None, label)
-    first[0].delete()
-    _time(compiled, make_args, steps, check, None, label)
+    compile_and_time({k: _scan(f) for k, f in fns.items()}, make_args, steps, check, options,
+                     None, label)
 
 
 def _with_limits(op, **limits):

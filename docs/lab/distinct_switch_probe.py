@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from xla_path_dedup_probe import HOST, _compile, _scan, _time, check_rows
+from xla_path_dedup_probe import HOST, _scan, check_rows, compile_and_time
 
 import pallas_pinned as pp
 from benchmarks import environment
@@ -91,18 +91,17 @@ def run(options, rng, sizes):
                 check_rows(outs, flat, tol=1e-4)
 
             label = f"add {n} x {row_bytes} B {'repeats' if repeat else 'distinct'}"
-            args = make_args(fresh=True)
-            compiled = _compile({k: _scan(f) for k, f in VARIANTS.items()}, args, options,
-                                None, label)
-            for name, exe in compiled.items():
-                lines = exe.as_text().splitlines()
-                shape = f"f32[{num_rows},{d}]"
-                copies = sum(shape in line and (" copy(" in line or " copy-start(" in line)
-                             for line in lines)
-                print(f"{label:34} {name:10} whole-buffer copies: {copies}, conditional: "
-                      f"{any(' conditional(' in line for line in lines)}", flush=True)
-            args[0].delete()
-            _time(compiled, make_args, steps, check, None, label)
+
+            def inspect(compiled, label=label, shape=f"f32[{num_rows},{d}]"):
+                for name, exe in compiled.items():
+                    lines = exe.as_text().splitlines()
+                    copies = sum(shape in line and (" copy(" in line or " copy-start(" in line)
+                                 for line in lines)
+                    print(f"{label:34} {name:10} whole-buffer copies: {copies}, conditional: "
+                          f"{any(' conditional(' in line for line in lines)}", flush=True)
+
+            compile_and_time({k: _scan(f) for k, f in VARIANTS.items()}, make_args, steps,
+                             check, options, None, label, inspect)
 
 
 def main():

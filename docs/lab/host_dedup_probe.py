@@ -60,12 +60,11 @@ import numpy as np
 from jax.experimental.compute_on import compute_on
 from xla_path_dedup_probe import (
     HOST,
-    _compile,
     _scan,
-    _time,
     add_variants,
     check_rows,
     combined_add,
+    compile_and_time,
     run_sparse,
     set_variants,
 )
@@ -147,14 +146,10 @@ def loop_cases(options, rng, sizes):
 
         flat = ids.reshape(-1)
         for op, tol in (("set", 0.0), ("add", 1e-4)):
-            label = f"{op} {n} x {row_bytes} B"
-            args = make_args(fresh=True)
             fns = variants(op, num_rows, n)
-            compiled = _compile({k: _scan(f) for k, f in fns.items()}, args, options,
-                                None, label)
-            args[0].delete()
-            _time(compiled, make_args, steps,
-                  lambda outs, flat=flat, tol=tol: check_rows(outs, flat, tol=tol), None, label)
+            compile_and_time({k: _scan(f) for k, f in fns.items()}, make_args, steps,
+                             lambda outs, flat=flat, tol=tol: check_rows(outs, flat, tol=tol),
+                             options, None, f"{op} {n} x {row_bytes} B")
 
 
 def sparse(options, rng, sizes):

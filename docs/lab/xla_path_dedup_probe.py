@@ -186,6 +186,19 @@ def _compile(fns, args, options, out_dir, label):
     return compiled
 
 
+def compile_and_time(fns, make_args, steps, check, options, out_dir, label, inspect=None):
+    """``fns`` compiled on a fresh buffer (freed after), then run once, checked, timed.
+
+    ``inspect(compiled)``, if given, sees the executables before the buffer goes.
+    """
+    args = make_args(fresh=True)
+    compiled = _compile(fns, args, options, out_dir, label)
+    if inspect is not None:
+        inspect(compiled)
+    args[0].delete()
+    return _time(compiled, make_args, steps, check, out_dir, label)
+
+
 def loop_cases(options, rng, out_dir, sizes):
     steps = sizes["steps"]
     for n, row_bytes in sizes["cases"]:
@@ -201,13 +214,9 @@ def loop_cases(options, rng, out_dir, sizes):
         flat = ids.reshape(-1)
         for op, fns, tol in (("set", set_variants(num_rows), 0.0),
                              ("add", add_variants(), 1e-4)):
-            label = f"{op} {n} x {row_bytes} B"
-            args = make_args(fresh=True)
-            compiled = _compile({k: _scan(f) for k, f in fns.items()}, args, options,
-                                out_dir, label)
-            args[0].delete()
-            _time(compiled, make_args, steps,
-                  lambda outs, flat=flat, tol=tol: check_rows(outs, flat, tol=tol), out_dir, label)
+            compile_and_time({k: _scan(f) for k, f in fns.items()}, make_args, steps,
+                             lambda outs, flat=flat, tol=tol: check_rows(outs, flat, tol=tol),
+                             options, out_dir, f"{op} {n} x {row_bytes} B")
 
 
 def sparse(options, rng, sizes):
@@ -237,10 +246,7 @@ def run_sparse(options, rng, sizes, fns):
     def check(outs):
         check_rows(outs, touched, tol=1e-5)
 
-    args = make_args(True)
-    compiled = _compile(fns, args, options, None, "sparse Zipf 4096 x 256 B")
-    args[0].delete()
-    _time(compiled, make_args, steps, check, None, "sparse Zipf 4096 x 256 B")
+    compile_and_time(fns, make_args, steps, check, options, None, "sparse Zipf 4096 x 256 B")
 
 
 def main():
