@@ -105,6 +105,8 @@ def test_choose_backends_judges_xla_s_path_on_materialized_inputs_too(tmp_path):
     # path: the materialized cases still count, so the choice does not flip back.
     kernel_ran = [dict(r, hlo_ops={"custom-call:x": 1}) if r["backend"] == "auto" else r
                   for r in fused]
+    without = choose_backends.choose(kernel_ran, {"old.json": fused})
+    assert without[1]["set"]["float32"]["64"]["backend"] == "xla"  # The earlier run alone.
     earlier = choose_backends.choose(kernel_ran, {"old.json": fused}, materialized=lost)
     assert earlier[1]["set"]["float32"]["64"]["backend"] == "pallas"
     won = _xla_path_case("set", 64, 7.0, 7.4, 6.9)
