@@ -18,14 +18,9 @@ exactly one program writes each row:
 
 ``updates`` may be of ``x.dtype`` or of the accumulator type.
 
-With ``atomic_write`` (float32 buffers summed in float32, see
-:func:`atomic_write_allowed`) the owner adds its total with one atomic add
-instead of reading the row and storing the sum: still one rounding of ``x +
-total`` per row, the same bits, but no PCIe read in the program's chain.
-Pallas's atomics are acquire-release, which costs more than the read on small
-batches (``pallas_pinned.tuning`` ``atomic_add_from`` says from where it pays).
-The Pallas interpreter cannot run masked atomics, so interpret mode keeps the
-read and the store (the same bits).
+With ``atomic_write`` (float32 buffers summed in float32) the owner adds its
+total with one atomic add instead of reading the row and storing the sum, with
+the same bits: :mod:`.owner_write`.
 """
 
 from __future__ import annotations
@@ -36,6 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .owner_write import atomic_write_allowed, check_atomic, read_row, write_total
 from .pallas_common import (
     RowGrid,
     RowTiling,
@@ -61,45 +57,9 @@ __all__ = [
 ]
 
 
-def atomic_write_allowed(dtype, acc_dtype) -> bool:
-    """Whether the owners may add with one atomic: float32 summed in float32.
-
-    The atomic adds the total in the buffer's type, so the sum must already be
-    in it; float32 is the type it was measured with.
-    """
-    return jnp.dtype(dtype) == jnp.float32 and jnp.dtype(acc_dtype) == jnp.float32
-
-
-def _check_atomic(x, acc_dtype, atomic_write: bool, interpret: bool) -> bool:
-    """The kernel's setting: raises where the atomic would change the bits."""
-    if atomic_write and not atomic_write_allowed(x.dtype, acc_dtype):
-        raise ValueError(
-            f"atomic_write needs a float32 buffer summed in float32, got {x.dtype} "
-            f"summed in {jnp.dtype(acc_dtype)}"
-        )
-    return atomic_write and not interpret
-
-
-def _write_total(x_out_ref, rows, cols, mask, total, current, *, atomic: bool):
-    """The owner's one write of ``x + total`` (``current`` is ``x``'s row, read before)."""
-    if atomic:
-        plgpu.atomic_add(x_out_ref, (rows[:, None], cols[None, :]),
-                         total.astype(x_out_ref.dtype), mask=mask)
-    else:
-        plgpu.store(x_out_ref.at[rows[:, None], cols[None, :]],
-                    (current.astype(total.dtype) + total).astype(x_out_ref.dtype), mask=mask)
-
-
-def _read_row(x_out_ref, rows, cols, mask, *, atomic: bool):
-    """``x``'s rows for the store, or nothing when an atomic adds in place."""
-    if atomic:
-        return None
-    return plgpu.load(x_out_ref.at[rows[:, None], cols[None, :]], mask=mask, other=0)
-
-
 def scatter_add_rows_kernel(
     rows_ref, src_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, check_bounds: bool,
-    acc_dtype, atomic: bool = False,
+    acc_dtype, atomic: str | None = None,
 ):
     """Adds one ``block_rows x block_cols`` tile of update rows into ``x``."""
     # Aliased to x_out_ref: the same buffer. Reading through the output ref
@@ -109,8 +69,8 @@ def scatter_add_rows_kernel(
     dest = dest_rows(tile.rows, tile.row_ok, grid.num_rows)
     source = updates_ref.at[tile.order[:, None], tile.cols[None, :]]
     addend = plgpu.load(source, mask=tile.mask, other=0)
-    current = _read_row(x_out_ref, dest, tile.cols, tile.mask, atomic=atomic)
-    _write_total(x_out_ref, dest, tile.cols, tile.mask, addend.astype(acc_dtype), current,
+    current = read_row(x_out_ref, dest, tile.cols, tile.mask, atomic=atomic)
+    write_total(x_out_ref, dest, tile.cols, tile.mask, addend.astype(acc_dtype), current,
                  atomic=atomic)
 
 
@@ -130,7 +90,7 @@ def scatter_add_rows(
     return launch_row_kernel(
         scatter_add_rows_kernel, (rows, src, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_rows", check_bounds=check_bounds,
-        acc_dtype=acc_dtype, atomic=_check_atomic(x, acc_dtype, atomic_write, interpret),
+        acc_dtype=acc_dtype, atomic=check_atomic(x, acc_dtype, atomic_write, interpret),
     )
 
 
@@ -158,7 +118,7 @@ def _any(mask):
 
 def scatter_add_rows_fused_kernel(
     indices_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, search_chunk: int,
-    sum_chunk: int, mode: str | None, combine: bool, acc_dtype, atomic: bool = False,
+    sum_chunk: int, mode: str | None, combine: bool, acc_dtype, atomic: str | None = None,
 ):
     """Adds one tile of raw-indexed updates; each row's first entry adds all of that row's."""
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
@@ -174,7 +134,7 @@ def scatter_add_rows_fused_kernel(
         updates_ref.at[k[:, None], cols[None, :]],
         mask=(k < num_entries)[:, None] & cols_ok, other=0,
     ).astype(acc_dtype)
-    current = _read_row(x_out_ref, dest_rows(rows, row_ok, num_rows), cols,
+    current = read_row(x_out_ref, dest_rows(rows, row_ok, num_rows), cols,
                         row_ok[:, None] & cols_ok, atomic=atomic)
     num_chunks = pl.cdiv(num_entries, search_chunk)
     if combine:
@@ -229,7 +189,7 @@ def scatter_add_rows_fused_kernel(
         total = for_chunks(first // search_chunk, num_chunks, num_chunks, add_chunk, total)
     # Addressed anew with the owners only: the store's masked lanes must point
     # past the end, not at a row another program writes (dest_rows says why).
-    _write_total(x_out_ref, dest_rows(rows, row_ok, num_rows), cols, row_ok[:, None] & cols_ok,
+    write_total(x_out_ref, dest_rows(rows, row_ok, num_rows), cols, row_ok[:, None] & cols_ok,
                  total, current, atomic=atomic)
 
 
@@ -263,7 +223,7 @@ def scatter_add_rows_fused(
         scatter_add_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_rows_fused",
         search_chunk=search_chunk, sum_chunk=sum_chunk, mode=mode, combine=combine_duplicates,
-        acc_dtype=acc_dtype, atomic=_check_atomic(x, acc_dtype, atomic_write, interpret),
+        acc_dtype=acc_dtype, atomic=check_atomic(x, acc_dtype, atomic_write, interpret),
     )
 
 
@@ -298,7 +258,7 @@ def _run_tiling(num_entries: int, row_width: int, itemsize: int) -> RowTiling:
 
 def scatter_add_sorted_runs_kernel(
     rows_ref, perm_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, sum_chunk: int,
-    run_chunk: int, acc_dtype, atomic: bool = False,
+    run_chunk: int, acc_dtype, atomic: str | None = None,
 ):
     """Adds the runs that start in one tile of sorted rows; each run's first entry owns its row."""
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
@@ -324,7 +284,7 @@ def scatter_add_sorted_runs_kernel(
     # trip then overlaps the summing instead of following it.
     mask = owner[:, None] & cols_ok
     dest = dest_rows(rows, owner, num_rows)
-    current = _read_row(x_out_ref, dest, cols, mask, atomic=atomic)
+    current = read_row(x_out_ref, dest, cols, mask, atomic=atomic)
 
     # This block's own entries: each owner sums the entries of its run here.
     total = jnp.zeros((grid.block_rows, grid.block_cols), acc_dtype)
@@ -360,7 +320,7 @@ def scatter_add_sorted_runs_kernel(
         (first + grid.block_rows, jnp.zeros((grid.block_cols,), acc_dtype), going_on),
     )
     total = total + jnp.where(tail_owner[:, None], extra[None, :], zero)
-    _write_total(x_out_ref, dest, cols, mask, total, current, atomic=atomic)
+    write_total(x_out_ref, dest, cols, mask, total, current, atomic=atomic)
 
 
 def scatter_add_sorted_runs(
@@ -389,5 +349,5 @@ def scatter_add_sorted_runs(
         scatter_add_sorted_runs_kernel, (rows, perm, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_sorted_runs", sum_chunk=sum_chunk,
         run_chunk=run_chunk, acc_dtype=acc_dtype,
-        atomic=_check_atomic(x, acc_dtype, atomic_write, interpret),
+        atomic=check_atomic(x, acc_dtype, atomic_write, interpret),
     )

@@ -98,22 +98,43 @@ def test_add_one_launch_and_unfused_paths(rng, backend, path, n, width):
     assert_same(read(out), scatter_add_oracle(x0, idx, upd))
 
 
+def _edge_rows(x0, idx, upd, rng):
+    """Rows where an atomic add would differ from the store (the GPU flushes subnormals).
+
+    Buffer rows 0-5 hold subnormals; the entries that hit rows 0-1 add zeros
+    (a zero total), rows 2-3 tiny values (subnormal totals), row 4 one inf,
+    row 5 a normal total. Other rows keep their random values.
+    """
+    rows = np.where((idx >= -x0.shape[0]) & (idx < x0.shape[0]), idx % x0.shape[0], -1)
+    x0[:6] = rng.choice([-1, 1], size=(6, x0.shape[1])) * np.float32(3e-39)
+    upd[np.isin(rows, [0, 1])] = 0.0
+    upd[np.isin(rows, [2, 3])] = np.float32(1e-40)
+    hits_4 = np.flatnonzero(rows == 4)
+    if hits_4.size:
+        upd[hits_4[0], 0] = np.inf
+
+
 @pytest.mark.parametrize("backend", ["interpret", PALLAS])
 @pytest.mark.parametrize("path", [*ADD_PATHS, "distinct_rows"])
 def test_add_atomic_owner_write_gives_the_same_bits(rng, backend, path):
     # Random float32 values (not exact): the owner's one atomic add of its
     # total must give the bits of its read-add-store on every path, and both
-    # must be the oracle's up to the rounding order of duplicates. In
-    # interpret mode the kernels keep the read and the store (the Pallas
-    # interpreter has no masked atomics), so the GPU case is the real check.
+    # must be the oracle's up to the rounding order of duplicates. Rows of
+    # subnormals, zero, tiny and infinite totals take the store instead of the
+    # atomic (the GPU's float32 atomics flush subnormals). In interpret mode
+    # the same rows take an emulated atomic (the Pallas interpreter has no
+    # masked atomics), so the GPU case is the real check of the bits.
     x0 = make_values(rng, (700, 70), "float32")
     if path == "distinct_rows":
         idx = rng.permutation(700)[:600] - 350  # Negative rows wrap, none repeats.
+        idx[:6] = np.arange(6)  # The edge rows, once each.
         kwargs, limits = {"unique_indices": True}, {"fused_max_adds": 0}
     else:
         idx = mixed_indices(rng, 700, (1500,))
+        idx[-12:] = np.repeat(np.arange(6), 2)  # The edge rows, twice each at least.
         kwargs, limits = {}, ADD_PATHS[path]
     upd = make_values(rng, (idx.shape[0], 70), "float32")
+    _edge_rows(x0, idx, upd, rng)
     outs = {}
     for atomic_from in (10**9, 0):
         with tuning.override(**limits, atomic_add_from=atomic_from):
@@ -123,8 +144,32 @@ def test_add_atomic_owner_write_gives_the_same_bits(rng, backend, path):
             )
             outs[atomic_from] = read(add(put(x0), jnp.asarray(idx), jnp.asarray(upd)))
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[10**9].view(np.uint32))
-    np.testing.assert_allclose(outs[0], scatter_add_oracle(x0, idx, upd, None),
-                               rtol=1e-5, atol=1e-5)
+    expected = scatter_add_oracle(x0, idx, upd, None)
+    np.testing.assert_allclose(outs[0], expected, rtol=1e-5, atol=1e-5)
+    # (Whether x + 0 keeps a subnormal is the platform's: XLA on the CPU flushes
+    # it, the GPU's kernels keep it. Both writes must agree either way.)
+    assert np.isinf(outs[0][4, 0])
+
+
+def test_atomic_owner_write_takes_only_rows_it_adds_exactly():
+    # A row takes the atomic only if every total it writes is finite and at
+    # least 2**-102 in magnitude; columns outside the row (mask off) do not count.
+    from pallas_pinned.kernels.owner_write import ATOMIC_EXACT_FROM, atomic_rows
+
+    small = ATOMIC_EXACT_FROM / 2
+    total = jnp.array([
+        [1.0, -2.0, 3.0],
+        [1.0, 0.0, 3.0],               # A zero total.
+        [1.0, small, 3.0],              # Too small: the sum could be subnormal.
+        [1.0, jnp.nan, 3.0],
+        [1.0, -jnp.inf, 3.0],
+        [ATOMIC_EXACT_FROM, -ATOMIC_EXACT_FROM, 1e30],
+        [1.0, 2.0, 0.0],               # The zero lies outside the row.
+    ], jnp.float32)
+    mask = jnp.ones(total.shape, bool).at[6, 2].set(False)
+    got = np.asarray(atomic_rows(total, mask))
+    assert got.shape == (7, 1)
+    assert got[:, 0].tolist() == [True, False, False, False, False, True, True]
 
 
 def test_atomic_owner_write_refuses_other_accumulators():
