@@ -1,11 +1,11 @@
 """The ``.at[...]`` grammar: any index jnp takes (boolean masks aside) as a plan over rows.
 
-:func:`parse` turns the user's index and the buffer's shape into an
-:class:`IndexPlan` (static, hashable: it keys jit's cache) and the dynamic
-operands it needs (index arrays, traced starts). The plan views the buffer as
-2-D: the *leading* axes, up to the last one the index does more than take
-whole, become the rows; the rest (axes the index takes whole) become the row.
-:mod:`._index_parse` builds the plan. Every form is one of three kinds:
+:func:`._index_parse.parse` turns the user's index and the buffer's shape
+into an :class:`IndexPlan` (static, hashable: it keys jit's cache) and the
+dynamic operands it needs (index arrays, traced starts); this module holds the
+plan. The plan views the buffer as 2-D: the *leading* axes, up to the last one
+the index does more than take whole, become the rows; the rest (axes the index
+takes whole) become the row. Every form is one of three kinds:
 
 * ``"axis0"``: an index on axis 0 alone (int, integer array, list, static
   slice) — the forms of the first release, handed to the row kernels as

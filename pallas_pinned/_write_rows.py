@@ -1,7 +1,7 @@
 """Writes into the rows of a 2-D view of the buffer: set, add, min, max, mul; XLA or a kernel.
 
 Every write reaches this module as ``x2d`` ``(num_rows, d)``, a flat list of
-``rows`` and ``(n, d)`` updates (``_local`` made them from any index form).
+``rows`` and ``(n, d)`` updates (``_local_write`` made them from any index form).
 :func:`write` runs one implementation of ``_registry``:
 
 * ``"xla"``: the references (``reference.py``), with the row reads and writes

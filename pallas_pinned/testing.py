@@ -152,7 +152,8 @@ def _loop_grid() -> tuple[LoopCase, ...]:
 
 LOOP_CASES = _loop_grid()
 
-# A few seconds on a CPU: what CI runs (tests/test_benchmarks_cpu.py).
+# A few seconds on a CPU: the grid of `python -m benchmarks.loop --cpu`
+# (tests/test_benchmarks_loop.py checks it is the default CPU plan).
 LOOP_CPU_CASES = (LoopCase(5, 4), LoopCase(64, 256), LoopCase(16, 256, "bfloat16"))
 
 

@@ -49,7 +49,7 @@ class Thresholds:
     # scatter_to_host: up to this many updates, the kernel normalizes the raw
     # indices and drops superseded duplicates itself (one launch per call; its
     # duplicate search grows as n**2). Chosen from the loop benchmark on the
-    # H200 (benchmarks/results/loop_h200.json); see README "Inside a loop".
+    # H200 (benchmarks/results/loop_h200.json); see README "Inside a jitted loop".
     fused_max_updates: int = 4096
     # scatter_add_to_host (Pallas): up to this many updates, the kernel
     # normalizes the raw indices and sums duplicates itself, in entry order
@@ -84,7 +84,8 @@ class Thresholds:
     # (20:56 UTC, random rows, read-add-write / atomic): 5 x 4 B 10.3 / 9.6,
     # 64 x 1 KiB 10.9 / 13.3, 256 x 4 B 11.4 / 13.4, 256 x 1 KiB 16.2 / 17.5,
     # 1024 x 1 KiB 53.8 / 50.2, 4096 x 512 B 95.4 / 83.9, 16384 x 256 B 182.0 /
-    # 168.0; the sparse client (Zipf) 70.1 / 71.2.
+    # 168.0; the sparse client (Zipf) 70.1 / 71.2. Rows with a zero, tiny or
+    # non-finite total keep the read and store (kernels/owner_write.py).
     atomic_add_from: int = 1024
     # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices,
     # jax.ds) is one XLA copy (dynamic_update_slice / dynamic_slice, the very
