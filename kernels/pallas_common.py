@@ -23,6 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .relaxed_atomics import compiler_params
 from .row_layout import next_pow2, offsets_fit, skip_row
 
 __all__ = [
@@ -223,7 +224,8 @@ def dest_rows(rows, row_ok, num_rows: int):
 
 
 def launch_row_kernel(
-    kernel, operands, *, tiling, in_place: bool, interpret: bool, name: str, **settings
+    kernel, operands, *, tiling, in_place: bool, interpret: bool, name: str,
+    relaxed_atomics: bool = False, **settings
 ):
     """Launches ``kernel(*operand_refs, out_ref, grid=..., **settings)`` over the row grid.
 
@@ -233,7 +235,8 @@ def launch_row_kernel(
     kernel instead. The kernel gets its addressing as ``grid`` (a
     :class:`RowGrid`) plus its own ``settings``. With ``in_place`` the buffer
     is aliased to the only output, so the kernel updates it in place; else
-    the output is a fresh ``(n, d)`` array of the buffer's dtype.
+    the output is a fresh ``(n, d)`` array of the buffer's dtype. With
+    ``relaxed_atomics`` the kernel's atomics are relaxed (:mod:`.relaxed_atomics`).
     """
     (num_entries,) = operands[0].shape
     num_rows, row_width = buffer_shape = operands[-1].shape
@@ -255,7 +258,9 @@ def launch_row_kernel(
         in_specs=[any_spec] * len(arrays),
         out_specs=any_spec,
         input_output_aliases={len(arrays) - 1: 0} if in_place else {},
-        compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=1),
+        compiler_params=compiler_params(
+            relaxed=relaxed_atomics, num_warps=tiling.num_warps, num_stages=1
+        ),
         interpret=interpret,
         name=name,
     )(*arrays)

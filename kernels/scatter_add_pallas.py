@@ -20,7 +20,8 @@ exactly one program writes each row:
 
 With ``atomic_write`` (float32 buffers summed in float32) the owner adds its
 total with one atomic add instead of reading the row and storing the sum, with
-the same bits: :mod:`.owner_write`.
+the same bits: :mod:`.owner_write`; ``relaxed_atomics`` makes those atomics
+relaxed (:mod:`.relaxed_atomics`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ __all__ = [
 ]
 
 
+def _owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret) -> dict:
+    """The launch's settings of the owner write (:mod:`.owner_write`)."""
+    atomic = check_atomic(x, acc_dtype, atomic_write, interpret)
+    return {"atomic": atomic, "relaxed_atomics": relaxed_atomics and atomic == "atomic"}
+
+
 def scatter_add_rows_kernel(
     rows_ref, src_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, check_bounds: bool,
     acc_dtype, atomic: str | None = None,
@@ -77,7 +84,7 @@ def scatter_add_rows_kernel(
 def scatter_add_rows(
     x: jax.Array, rows: jax.Array, src: jax.Array | None, updates: jax.Array, *,
     acc_dtype=None, check_bounds: bool = True, tiling: RowTiling | None = None,
-    atomic_write: bool = False, interpret: bool = False,
+    atomic_write: bool = False, relaxed_atomics: bool = False, interpret: bool = False,
 ) -> jax.Array:
     """Builds and calls the kernel; sums in ``acc_dtype`` (default ``x.dtype``).
 
@@ -90,7 +97,7 @@ def scatter_add_rows(
     return launch_row_kernel(
         scatter_add_rows_kernel, (rows, src, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_rows", check_bounds=check_bounds,
-        acc_dtype=acc_dtype, atomic=check_atomic(x, acc_dtype, atomic_write, interpret),
+        acc_dtype=acc_dtype, **_owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret),
     )
 
 
@@ -203,6 +210,7 @@ def scatter_add_rows_fused(
     acc_dtype=None,
     tiling: RowTiling | None = None,
     atomic_write: bool = False,
+    relaxed_atomics: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """``x.at[indices].add(updates, mode=mode)`` in one launch, duplicates summed in entry order.
@@ -223,7 +231,7 @@ def scatter_add_rows_fused(
         scatter_add_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_rows_fused",
         search_chunk=search_chunk, sum_chunk=sum_chunk, mode=mode, combine=combine_duplicates,
-        acc_dtype=acc_dtype, atomic=check_atomic(x, acc_dtype, atomic_write, interpret),
+        acc_dtype=acc_dtype, **_owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret),
     )
 
 
@@ -326,7 +334,7 @@ def scatter_add_sorted_runs_kernel(
 def scatter_add_sorted_runs(
     x: jax.Array, rows: jax.Array, perm: jax.Array | None, updates: jax.Array, *,
     acc_dtype=None, tiling: RowTiling | None = None, atomic_write: bool = False,
-    interpret: bool = False,
+    relaxed_atomics: bool = False, interpret: bool = False,
 ) -> jax.Array:
     """``x[rows[k]] += updates[perm[k]]`` for rows that ascend, duplicates summed in one launch.
 
@@ -349,5 +357,5 @@ def scatter_add_sorted_runs(
         scatter_add_sorted_runs_kernel, (rows, perm, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_sorted_runs", sum_chunk=sum_chunk,
         run_chunk=run_chunk, acc_dtype=acc_dtype,
-        atomic=check_atomic(x, acc_dtype, atomic_write, interpret),
+        **_owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret),
     )

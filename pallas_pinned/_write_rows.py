@@ -180,7 +180,7 @@ def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
     if launch.atomic_write_allowed(x2d.dtype, acc) and (
         updates2d.shape[0] >= cfg.thresholds.atomic_add_from
     ):
-        atomic = {"atomic_write": True}
+        atomic = {"atomic_write": True, "relaxed_atomics": cfg.thresholds.relaxed_atomics}
     if launch.add_fused is not None and updates2d.shape[0] <= cfg.thresholds.fused_max_adds:
         # Small batches: one launch that normalizes and combines duplicates by itself.
         raw = _rows.widen(_placement.to_device_memory(rows))

@@ -87,6 +87,13 @@ class Thresholds:
     # 168.0; the sparse client (Zipf) 70.1 / 71.2. Rows with a zero, tiny or
     # non-finite total keep the read and store (kernels/owner_write.py).
     atomic_add_from: int = 1024
+    # scatter_add_to_host (Pallas), with the atomic owner write above: the
+    # atomics relaxed instead of acquire-release (kernels/relaxed_atomics.py:
+    # no barrier before each, no wait for the old value; what XLA's own
+    # scatter-add issues). Off until an H200 A/B decides (docs/lab/
+    # atomic_add_probe.py --part relaxed): not yet measured. Predicted: 1-3 us
+    # off the one-launch adds of 5-256 rows once atomic_add_from is 0.
+    relaxed_atomics: bool = False
     # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices,
     # jax.ds) is one XLA copy (dynamic_update_slice / dynamic_slice, the very
     # HLO of XLA's own formulation) for every read, and for a set that needs no

@@ -12,6 +12,8 @@ same module with the Triton it bundles.)
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 
@@ -66,3 +68,14 @@ def compile_module(ttir: str, *, capability: int = 90, num_warps: int = 4):
         return triton.compile(
             path, target=GPUTarget("cuda", capability, 32), options={"num_warps": num_warps}
         )
+
+
+def sass(compiled) -> str:
+    """The cubin's SASS, disassembled by the ``nvdisasm`` that ships with triton."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, f.name], capture_output=True, text=True, check=True).stdout

@@ -41,18 +41,19 @@ def _kernels():
         ),
         "gather_rows": (lambda x, r: gp.gather_rows(x, r), rows),
     }
-    for atomic in (False, True):
-        cases[f"add_rows{'_atomic' * atomic}"] = (
-            lambda x, r, u, a=atomic: ap.scatter_add_rows(x, r, None, u, atomic_write=a),
+    owner_writes = {"": {}, "_atomic": {"atomic_write": True},
+                    "_relaxed": {"atomic_write": True, "relaxed_atomics": True}}
+    for suffix, kw in owner_writes.items():
+        cases[f"add_rows{suffix}"] = (
+            lambda x, r, u, kw=kw: ap.scatter_add_rows(x, r, None, u, **kw), rows, updates,
+        )
+        cases[f"add_sorted_runs{suffix}"] = (
+            lambda x, r, u, kw=kw: ap.scatter_add_sorted_runs(x, r, None, u, **kw),
             rows, updates,
         )
-        cases[f"add_sorted_runs{'_atomic' * atomic}"] = (
-            lambda x, r, u, a=atomic: ap.scatter_add_sorted_runs(x, r, None, u, atomic_write=a),
-            rows, updates,
-        )
-        cases[f"add_fused{'_atomic' * atomic}"] = (
-            lambda x, r, u, a=atomic: ap.scatter_add_rows_fused(
-                x, r, u, mode=None, combine_duplicates=True, atomic_write=a
+        cases[f"add_fused{suffix}"] = (
+            lambda x, r, u, kw=kw: ap.scatter_add_rows_fused(
+                x, r, u, mode=None, combine_duplicates=True, **kw
             ),
             raw, raw_updates,
         )
@@ -60,20 +61,23 @@ def _kernels():
 
 
 _CASES = sorted(_kernels()) if _NO_TRITON is None else ["none"]
-_compiled: dict[str, str] = {}
+_compiled: dict = {}
 
 
-def _ptx(name: str) -> str:
-    """The kernel's PTX for sm_90, compiled once per module run (down to the cubin)."""
+def _compile(name: str):
+    """The kernel compiled for sm_90 (down to the cubin), once per module run."""
     if name not in _compiled:
         from tests.pallas_aot import compile_module, triton_modules
 
         fn, *specs = _kernels()[name]
         [module] = triton_modules(fn, BUFFER, *specs)
-        compiled = compile_module(module)
-        assert compiled.asm["cubin"], name
-        _compiled[name] = compiled.asm["ptx"]
+        _compiled[name] = compile_module(module)
+        assert _compiled[name].asm["cubin"], name
     return _compiled[name]
+
+
+def _ptx(name: str) -> str:
+    return _compile(name).asm["ptx"]
 
 
 def _instructions(ptx: str, pattern: str) -> list[str]:
@@ -95,11 +99,49 @@ def test_owner_write_instructions(name):
     ptx = _ptx(name)
     atomics = _instructions(ptx, r"(atom|red)\.global")
     stores = _instructions(ptx, r"st\.global")
-    if name.endswith("_atomic"):
+    if name.endswith(("_atomic", "_relaxed")):
         # 16-byte float32 atomics (one choice per row keeps them whole), and
         # the store that writes the rows the atomic would flush.
         assert atomics and all(".add.v4.f32" in a for a in atomics), atomics
         assert stores, "no store for the rows the atomic leaves out"
+        semantic = ".relaxed." if name.endswith("_relaxed") else ".acq_rel."
+        assert all(semantic in a for a in atomics), atomics
     else:
         assert not atomics, atomics
         assert stores and all(".v4." in s for s in stores), stores
+
+
+@pytest.mark.parametrize("name", ["add_rows_atomic", "add_rows_relaxed"])
+def test_relaxed_atomics_drop_the_barriers(name):
+    # What tuning.relaxed_atomics is for: acquire-release puts a MEMBAR.ALL.GPU
+    # before each atomic and waits for its old value (ATOMG); relaxed, the
+    # atomic is a reduction with nothing to wait for (REDG), as XLA's.
+    from tests.pallas_aot import sass
+
+    code = sass(_compile(name))
+    if name.endswith("_relaxed"):
+        assert "REDG.E.ADD.F32x4" in code and "MEMBAR" not in code and "ATOMG" not in code
+    else:
+        assert "ATOMG.E.ADD.F32x4" in code and "MEMBAR.ALL.GPU" in code
+
+
+def test_other_pallas_calls_keep_acquire_release_atomics():
+    # The relaxed lowering is scoped to the calls that ask for it: a user's
+    # own Pallas atomic, lowered after ours in the same process, is unchanged.
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    from tests.pallas_aot import compile_module, triton_modules
+
+    _compile("add_rows_relaxed")  # Ours first, so the relaxed hook is installed.
+
+    def kernel(y_ref, x_ref, o_ref):
+        plgpu.atomic_add(o_ref, (jnp.arange(8)[:, None], jnp.arange(128)[None, :]), y_ref[...])
+
+    def user_call(y, x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              input_output_aliases={1: 0})(y, x)
+
+    [module] = triton_modules(user_call, S((8, 128), jnp.float32), S((64, 128), jnp.float32))
+    atomics = _instructions(compile_module(module).asm["ptx"], r"(atom|red)\.global")
+    assert atomics and all(".acq_rel." in a for a in atomics), atomics

@@ -121,7 +121,8 @@ def test_add_atomic_owner_write_gives_the_same_bits(rng, backend, path):
     # total must give the bits of its read-add-store on every path, and both
     # must be the oracle's up to the rounding order of duplicates. Rows of
     # subnormals, zero, tiny and infinite totals take the store instead of the
-    # atomic (the GPU's float32 atomics flush subnormals). In interpret mode
+    # atomic (the GPU's float32 atomics flush subnormals). The atomics are
+    # acquire-release or relaxed (tuning.relaxed_atomics). In interpret mode
     # the same rows take an emulated atomic (the Pallas interpreter has no
     # masked atomics), so the GPU case is the real check of the bits.
     x0 = make_values(rng, (700, 70), "float32")
@@ -136,19 +137,23 @@ def test_add_atomic_owner_write_gives_the_same_bits(rng, backend, path):
     upd = make_values(rng, (idx.shape[0], 70), "float32")
     _edge_rows(x0, idx, upd, rng)
     outs = {}
-    for atomic_from in (10**9, 0):
-        with tuning.override(**limits, atomic_add_from=atomic_from):
+    owner_writes = {"read_store": {"atomic_add_from": 10**9}, "atomic": {"atomic_add_from": 0},
+                    "relaxed": {"atomic_add_from": 0, "relaxed_atomics": True}}
+    for write, setting in owner_writes.items():
+        with tuning.override(**limits, **setting):
             add = jax.jit(
                 lambda x, i, u: scatter_add_to_host(x, i, u, backend=backend, **kwargs),
                 donate_argnums=0,
             )
-            outs[atomic_from] = read(add(put(x0), jnp.asarray(idx), jnp.asarray(upd)))
-    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[10**9].view(np.uint32))
+            outs[write] = read(add(put(x0), jnp.asarray(idx), jnp.asarray(upd)))
+    for write in ("atomic", "relaxed"):
+        np.testing.assert_array_equal(outs[write].view(np.uint32),
+                                      outs["read_store"].view(np.uint32), err_msg=write)
     expected = scatter_add_oracle(x0, idx, upd, None)
-    np.testing.assert_allclose(outs[0], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs["atomic"], expected, rtol=1e-5, atol=1e-5)
     # (Whether x + 0 keeps a subnormal is the platform's: XLA on the CPU flushes
     # it, the GPU's kernels keep it. Both writes must agree either way.)
-    assert np.isinf(outs[0][4, 0])
+    assert np.isinf(outs["atomic"][4, 0])
 
 
 def test_atomic_owner_write_takes_only_rows_it_adds_exactly():
@@ -170,6 +175,30 @@ def test_atomic_owner_write_takes_only_rows_it_adds_exactly():
     got = np.asarray(atomic_rows(total, mask))
     assert got.shape == (7, 1)
     assert got[:, 0].tolist() == [True, False, False, False, False, True, True]
+
+
+def test_relaxed_atomics_without_their_hooks_name_the_setting():
+    # The relaxed atomics reach into private hooks of JAX's Pallas-Triton
+    # lowering; with one of them removed, asking for them fails with a message
+    # naming the setting that turns them off (in a child: the hooks install
+    # once per process).
+    import subprocess
+    import sys
+
+    code = (
+        "import jax._src.pallas.triton.lowering as lowering\n"
+        "del lowering._atomic_rmw\n"
+        "from pallas_pinned.kernels import relaxed_atomics\n"
+        "try:\n"
+        "    relaxed_atomics.compiler_params(relaxed=True, num_warps=4)\n"
+        "except NotImplementedError as err:\n"
+        "    print(err)\n"
+        "print(type(relaxed_atomics.compiler_params(relaxed=False, num_warps=4)).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "tuning.override(relaxed_atomics=False)" in out, out
+    assert out.strip().endswith("CompilerParams"), out
 
 
 def test_atomic_owner_write_refuses_other_accumulators():
