@@ -70,6 +70,20 @@ sparse client, sorted runs / one launch up to 4096: 73.7 / 362.3. The search cos
 the ordering from 4096 rows, and the client's hot ids make the one launch 4.9 times slower:
 ``fused_max_adds`` stays 1024.
 
+Fourth part (``--part relaxed``), written in session 15 (2026-12-04 22:40 UTC) with no GPU lent,
+so not yet run: ``tuning.relaxed_atomics`` (``kernels/relaxed_atomics.py``) makes the owner
+write's atomics relaxed. On sm_90 (compiled on the CPU, ``tests/test_pallas_compile.py``) the
+acquire-release atomic is ``MEMBAR.ALL.GPU``, ``ATOMG.E.ADD.F32x4`` and ``CCTL.IVALL``; the
+relaxed one a lone ``REDG.E.ADD.F32x4``, what XLA's scatter-add issues. ``auto``'s unpromised
+add with the read and store / acquire-release / relaxed atomics, all from the first update
+(``atomic_add_from`` 10**9 / 0 / 0). Predictions: relaxed gains 1-3 us on acquire-release and
+on the read and store at 5-256 rows (no PCIe read and no barrier in the owner's chain; the first
+part's Triton kernels: relaxed 13.6 against read-add-write 17.6 at 64 x 1 KiB), which would put
+64 x 1 KiB at ~8-9 us against XLA's ~8; 0-5 us at 1024-16384 rows, where the bus binds (the
+first part's relaxed Triton kernel was no faster than Pallas's acquire-release there); the
+sparse client within noise. If relaxed is at or under both others at every size, the library
+turns it on with ``atomic_add_from`` 0.
+
 The first part writes distinct random rows in each step, the others uniform random rows (a
 repeat within a step is rare on these buffers), the updates and rows fed as the scan's inputs;
 every variant runs inside a donated scan of ``steps`` steps, graphed with ``--xla-option
@@ -224,17 +238,23 @@ AUTO_CASES = ((5, 4), (64, 1024), (256, 4), (256, 1024), (1024, 1024), (4096, 51
               (16384, 256))
 
 
-def auto_part(options, rng, sizes):
-    """``auto``'s unpromised add, read-add-write against the atomic owner write."""
-    adds = {"xla_add": lambda x, r, u: x.at[r].add(u, mode="drop"),
-            "auto_rw": _with_limits(pp.scatter_add_to_host, atomic_add_from=10**9),
-            "auto_atomic": _with_limits(pp.scatter_add_to_host, atomic_add_from=0)}
+def _adds(options, rng, sizes, adds):
+    """``adds`` (XLA's first) on the loop's grid of unpromised adds, then on the sparse client."""
     cases = AUTO_CASES if sizes is FULL else sizes["cases"]
     for n, row_bytes in cases:
         run_case(options, rng, sizes, n, row_bytes, adds, distinct=False)
     fns = {name.replace("auto_rw", "ours_auto"): _sgd_scan(pp.gather_from_host, add, 0.5)
            for name, add in adds.items() if name != "xla_add"}
     run_sparse(options, rng, sizes if sizes is not FULL else {**FULL, **SPARSE}, fns)
+
+
+def auto_part(options, rng, sizes):
+    """``auto``'s unpromised add, read-add-write against the atomic owner write."""
+    _adds(options, rng, sizes, {
+        "xla_add": lambda x, r, u: x.at[r].add(u, mode="drop"),
+        "auto_rw": _with_limits(pp.scatter_add_to_host, atomic_add_from=10**9),
+        "auto_atomic": _with_limits(pp.scatter_add_to_host, atomic_add_from=0),
+    })
 
 
 def fused_part(options, rng, sizes):
@@ -251,6 +271,17 @@ def fused_part(options, rng, sizes):
     run_sparse(options, rng, sizes if sizes is not FULL else {**FULL, **SPARSE}, fns)
 
 
+def relaxed_part(options, rng, sizes):
+    """``auto``'s unpromised add: read and store, acquire-release, relaxed atomics."""
+    _adds(options, rng, sizes, {
+        "xla_add": lambda x, r, u: x.at[r].add(u, mode="drop"),
+        "auto_rw": _with_limits(pp.scatter_add_to_host, atomic_add_from=10**9),
+        "auto_acq_rel": _with_limits(pp.scatter_add_to_host, atomic_add_from=0),
+        "auto_relaxed": _with_limits(pp.scatter_add_to_host, atomic_add_from=0,
+                                     relaxed_atomics=True),
+    })
+
+
 SPARSE = {"steps": 40, "sparse": (8 << 20, 64, 4096, 40)}
 
 
@@ -258,7 +289,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     environment.add_xla_option(parser)
     parser.add_argument("--quick", action="store_true", help="tiny sizes")
-    parser.add_argument("--part", choices=("kernels", "auto", "fused", "both"), default="both")
+    parser.add_argument("--part", choices=("kernels", "auto", "fused", "relaxed", "both"),
+                        default="both")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     options = args.compiler_options or None
@@ -272,6 +304,8 @@ def main():
         auto_part(options, rng, sizes)
     if args.part == "fused":
         fused_part(options, rng, sizes)
+    if args.part == "relaxed":
+        relaxed_part(options, rng, sizes)
 
 
 if __name__ == "__main__":
