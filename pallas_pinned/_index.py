@@ -268,6 +268,14 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps:
         steps = jnp.asarray(np.arange(size) * stride, wide)
         if mode == "wrap":
             return jnp.mod(start + steps, dim), None
+        if stride > 1 and size > 1:
+            # jnp gathers or scatters a strided window position by position
+            # (start + k * stride, never wrapped): each one is clipped, filled
+            # or dropped on its own, like an index array's.
+            pos = start + steps
+            if mode == "clip" or (read and mode not in ("fill", "drop")):
+                return jnp.clip(pos, 0, dim - 1), None
+            return pos, (pos >= 0) & (pos < dim)
         if span == dim:
             # A window as long as its axis: XLA (so jnp) ignores its start,
             # in every mode: the whole axis, never dropped or filled.

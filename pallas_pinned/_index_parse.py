@@ -144,10 +144,21 @@ def parse(
     items, operands, axis = [], [], 0
     expanded, ellipsis_at = _expand(index, len(shape))
     # jnp reads a jax.ds with a static start as the Python slice
-    # start:start + size:stride unless an index array (rank >= 1) sends the
-    # whole index through a gather, and only in its clamping modes.
+    # start:start + size:stride in its clamping modes when no index array
+    # (rank >= 1) is present, and then only if the index is static, or takes its
+    # dynamic-slice path (slices of step 1 or -1, no strided jax.ds); a traced
+    # index that does not goes through a gather, which reads a window.
     arrays = any(isinstance(it, list) or (_is_array(it) and np.ndim(it) >= 1) for it in expanded)
-    static_ds_as_slice = read and not arrays and mode in (None, "clip", "promise_in_bounds")
+    dynamic = any(_is_array(it) or (_is_ds(it) and _is_array(it.start)) for it in expanded)
+    unit_steps = all(
+        (not isinstance(it, slice) or it.step in (None, 1, -1))
+        and (not _is_ds(it) or it.stride in (None, 1))
+        for it in expanded
+    )
+    static_ds_as_slice = (
+        read and not arrays and (unit_steps or not dynamic)
+        and mode in (None, "clip", "promise_in_bounds")
+    )
     for it in expanded:
         if it is None:
             items.append(Item("new"))
@@ -225,7 +236,9 @@ def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None)
         item.kind == "ds" and item.static[0] > 1 for item in lead_items
     )
     blocky = all(
-        item.kind in ("int", "ds", "new") or (item.kind == "slice" and item.static[2] == 1)
+        item.kind in ("int", "new")
+        or (item.kind == "ds" and (item.static[1] == 1 or item.static[0] <= 1))
+        or (item.kind == "slice" and item.static[2] == 1)
         for item in lead_items
     )
     first = lead_items[0] if len(lead_items) == 1 else None
@@ -243,6 +256,11 @@ def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None)
             "counts; enable jax_enable_x64 or index fewer axes at once"
         )
     steps_up = all(item.kind != "slice" or item.static[2] > 0 for item in lead_items)
+    # A strided jax.ds is clipped position by position: in "clip" two of them
+    # can land on the same row (a write's duplicates).
+    clipped_strides = mode == "clip" and any(
+        item.kind == "ds" and item.static[1] > 1 and item.static[0] > 1 for item in lead_items
+    )
     # jnp's dynamic-slice path (what wraps a negative ds start on a read):
     # no index arrays, unit-step slices and windows only.
     dynamic_slice_path = not arrays and all(
@@ -258,7 +276,7 @@ def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None)
         index_shape=index_shape,
         advanced_together=together,
         ds_read_wraps=dynamic_slice_path,
-        unique=not arrays,
+        unique=not arrays and not clipped_strides,
         # A ring's rows ascend but for one jump back to row 0: as good an
         # address order as any (only speed depends on it: positions are unique).
         ascending=not arrays and steps_up,

@@ -103,6 +103,64 @@ def test_traced_start(shape, template):
     assert not wrong, f"{len(wrong)} disagreements with jnp (traced start):\n" + "\n".join(wrong)
 
 
+# Strided windows: jnp reads and writes a strided jax.ds position by position
+# (start + k * stride, each clipped, filled or dropped on its own), and a static
+# jax.ds as a window beside a traced index that sends jnp through a gather.
+STRIDED = [
+    ((N,), (jax.ds("@", K, 2),)),
+    ((2, N), (A([1, 0]), jax.ds("@", K, 2))),
+    ((2, N), (1, jax.ds("@", 2, 3))),
+    ((N, 3), (jax.ds("@", 2, 2), S(None))),
+    ((4, 6, 5), (S(None, None, 2), jax.ds(5, 2), jax.ds("@", 2))),
+    ((4, 6, 5), (S(None), jax.ds(4, 2, 2), jax.ds("@", 2))),
+]
+
+
+def _strided(template, start):
+    return tuple(jax.ds(start, it.size, it.stride)
+                 if type(it).__name__ == "Slice" and isinstance(it.start, str) else it
+                 for it in template)
+
+
+@pytest.mark.parametrize("backend", ["xla", "interpret"])
+@pytest.mark.parametrize("shape,template", STRIDED, ids=case_ids(STRIDED))
+def test_strided_window_position_by_position(shape, template, backend):
+    rng = case_rng(shape, describe(template))
+    a = buffer_values(rng, shape, np.float32)
+    v = update_values(rng, write_shape(a, _strided(template, 0), None), np.float32)
+    modes = [None, "fill", "clip"]
+
+    def run(x, s, call, **kw):
+        idx = _strided(template, s)
+        return {(str(mode), m): call(x, idx, m, None if m == "get" else v, mode=mode, **kw)
+                for mode in modes for m in ALL}
+
+    ours = compile_fast(lambda x, s: run(x, s, pp_call, backend=backend), pinned(a),
+                        jnp.int32(0))
+    theirs = compile_fast(lambda x, s: run(x, s, jnp_call), a, jnp.int32(0))
+    wrong = []
+    for start in (-8, -3, -1, 0, 1, 2, 4, 6, 9):
+        got, expected = ours(pinned(a), jnp.int32(start)), theirs(a, jnp.int32(start))
+        for key, e in expected.items():
+            try:
+                assert_matches(got[key], e, f"{key} start {start}")
+            except AssertionError:
+                wrong.append(f"{key} start {start}: got {np.asarray(got[key]).tolist()}, "
+                             f"jnp {np.asarray(e).tolist()}")
+        # The same window at a static start (jnp: a slice where its index is static).
+        for m in ALL:
+            idx = _strided(template, start)
+            e = jnp_call(jnp.asarray(a), idx, m, None if m == "get" else v, mode=None)
+            g = pp_call(pinned(a), idx, m, None if m == "get" else v, mode=None,
+                        backend=backend)
+            try:
+                assert_matches(g, e, f"{m} static start {start}")
+            except AssertionError:
+                wrong.append(f"{m} static start {start}: got {np.asarray(g).tolist()}, "
+                             f"jnp {np.asarray(e).tolist()}")
+    assert not wrong, f"{len(wrong)} disagreements with jnp:\n" + "\n".join(wrong[:20])
+
+
 STATIC_STARTS = [((4, N, 2), (S(None), jax.ds(s, K))) for s in IN_RANGE + OUT_OF_RANGE] + [
     ((4, K, 2), (S(None), jax.ds(s, K))) for s in (-1, 1, K + 2)  # the window spans the axis
 ]
