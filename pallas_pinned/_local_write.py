@@ -97,6 +97,8 @@ def write_traced(x, operands, updates, call: WriteCall):
     plan = call.plan
     if plan.num_entries == 0 or x.size == 0:
         return x
+    if x.ndim == 0 and _placement.on_host(x):
+        return _scalar_write(x, updates, call)
     # Index arrays may live in host memory; the row arithmetic runs on the device.
     operands = jax.tree.map(_placement.to_device_memory, operands)
     # A set that needs no run-time check is one copy, XLA's own HLO, up to a
@@ -117,6 +119,24 @@ def write_traced(x, operands, updates, call: WriteCall):
     x2d = x.reshape(plan.num_rows, plan.width)
     updates2d = _write_rows.updates_2d(x.dtype, updates, plan.result_shape, plan.width)
     return _write_rows.write(x2d, rows, updates2d, row_write, impl).reshape(x.shape)
+
+
+def _scalar_write(x, updates, call: WriteCall):
+    """A rank-0 host buffer's one value, computed on the device and put back in host memory.
+
+    JAX types the replacement of a whole rank-0 array (a reshape or an update
+    slice of it, what the rows and blocks do) in device memory: the result would
+    leave the host, and a donating jit aborts. Four bytes or so move each way.
+    """
+    value = _placement.to_device_memory(x)
+    block = jnp.broadcast_to(jnp.asarray(_placement.to_device_memory(updates)),
+                             call.plan.result_shape).reshape(())
+    if call.op == "set":
+        new = block.astype(x.dtype)
+    else:
+        acc = _rows.add_accumulator_dtype(x.dtype, call.op)
+        new = _rows.COMBINERS[call.op](value.astype(acc), block.astype(x.dtype).astype(acc))
+    return jax.device_put(new.astype(x.dtype), jax.memory.Space.Host)
 
 
 # --- transformations -------------------------------------------------------------------

@@ -142,3 +142,27 @@ def test_other_dtypes(dtype):
              Case((6, 5), (S(None, None, -1), S(1, 3)), dtype=dtype)]
     for case in run_batch(cases, ALL).values():
         check_case(case, ALL)
+
+
+def test_zero_d_buffer_stays_in_host_memory_under_donating_jit():
+    # JAX types a whole rank-0 array's replacement in device memory; the write
+    # puts the value back in host memory, so a donating jit keeps the buffer's
+    # placement instead of aborting the process (run in a child for that reason).
+    import subprocess
+    import sys
+
+    code = """
+import jax, jax.numpy as jnp, numpy as np, pallas_pinned as pp
+PIN = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0], memory_kind="pinned_host")
+for op in ("set", "add", "max", "min", "multiply"):
+    for idx in ((), ..., None):
+        out = jax.jit(lambda x: getattr(pp.at(x)[idx], op)(2.0), donate_argnums=0)(
+            jax.device_put(np.float32(3), PIN))
+        assert out.sharding.memory_kind == "pinned_host", (op, idx, out.sharding)
+        assert float(out) == float(getattr(jnp.float32(3).at[idx], op)(2.0)), (op, idx)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (
+        done.returncode, done.stderr[-600:]
+    )
