@@ -12,6 +12,8 @@ import struct
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from pallas_pinned import _local_read, _local_write, _placement, _sharded, _validation
 
@@ -100,6 +102,7 @@ def write(
         mode=mode, unique_indices=unique_indices, indices_are_sorted=indices_are_sorted,
         backend=backend,
     )
+    updates = _as_updates(updates, getattr(x, "dtype", None))
     if _sharded.is_sharded_buffer(x):
         return _sharded.write(op, x, index, updates, **settings)
     plan, operands = _checked_write(
@@ -107,6 +110,24 @@ def write(
     )
     call = _local_write.WriteCall.of(op, plan, **settings)
     return _local_write.write(x, operands, updates, call)
+
+
+def _as_updates(updates: Any, x_dtype) -> Any:
+    """Updates as jnp's ``.at[]`` takes them: a list becomes an array, and a Python int
+    too large for the default int type (2**32 - 1 into uint32) one of ``x``'s type."""
+    if isinstance(updates, list | tuple):
+        return jnp.asarray(updates)
+    if (
+        type(updates) is int and x_dtype is not None and jnp.issubdtype(x_dtype, jnp.integer)
+        and not _fits(updates, jnp.int_) and _fits(updates, x_dtype)
+    ):
+        return np.asarray(updates, dtype=x_dtype)
+    return updates
+
+
+def _fits(value: int, dtype) -> bool:
+    info = jnp.iinfo(jax.dtypes.canonicalize_dtype(dtype))
+    return info.min <= value <= info.max
 
 
 def read(

@@ -178,3 +178,20 @@ def test_wide_indices_compare_at_full_width_with_x64(platform, backends):
         assert report["count"] == 7 * 9 * len(group.split(",")), report["count"]
         failures += report["failures"]
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name,dtype,updates,index", [
+    ("a list of floats", "float32", [1.0, 2.0, 3.0], np.array([0, 2])),
+    ("a nested list", "float32", [[1.0, 2.0, 3.0]], np.array([1])),
+    ("a Python int past int32, into uint32", "uint32", 2**32 - 1, 1),
+    ("a Python int past int32 with max", "uint32", 3_000_000_000, np.array([0, 3])),
+])
+def test_updates_as_jnp_takes_them(name, dtype, updates, index):
+    # jnp's .at[] takes a list as jnp.asarray does, and a Python int that fits the
+    # buffer's type even where it does not fit the default int type.
+    a = np.zeros((4, 3), dtype)
+    method = "max" if "max" in name else "set"
+    expected = getattr(jnp.asarray(a).at[index], method)(updates)
+    got = getattr(pp.at(put(a))[index], method)(updates)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=name)
+    assert got.dtype == expected.dtype
