@@ -154,9 +154,9 @@ def _guarded(read_fn, tangent_fn, fold=None):
     """``read_fn(x, dyn)`` with the vmap and jvp rules of the module docstring.
 
     ``tangent_fn(x_dot, dyn)`` is the same read in plain jnp, linear in
-    ``x_dot`` (JAX transposes it for grad). ``fold(read, axis_size, x, dyn)``,
-    when given, reads a batch of index operands (batched along axis 0) in one
-    call; else JAX batches ``read_fn``.
+    ``x_dot`` (JAX transposes it for grad). ``fold(read, axis_size, x, dyn,
+    dyn_batched)``, when given, reads a batch of index operands (the batched ones
+    along axis 0); else JAX batches ``read_fn``.
     """
 
     @jax.custom_batching.custom_vmap
@@ -172,7 +172,7 @@ def _guarded(read_fn, tangent_fn, fold=None):
             axes = (0 if x_batched else None, jax.tree.map(lambda b: 0 if b else None,
                                                            dyn_batched))
             return jax.vmap(read_fn, in_axes=axes)(x, dyn), True
-        return fold(differentiable, axis_size, x, dyn), True
+        return fold(differentiable, axis_size, x, dyn, dyn_batched), True
 
     @jax.custom_jvp
     def differentiable(x, dyn):
@@ -191,7 +191,7 @@ def _guarded(read_fn, tangent_fn, fold=None):
     return differentiable
 
 
-def _fold_rows(read, axis_size, x2d, rows):
+def _fold_rows(read, axis_size, x2d, rows, rows_batched):
     # Only the indices are batched: one read over all of them.
     flat = read(x2d, rows.reshape(-1))
     return flat.reshape(axis_size, rows.shape[1], x2d.shape[1])
@@ -214,4 +214,26 @@ def _block_op(call: ReadCall):
         return _block.read(x, call.plan, operands, mode=call.mode, fill=fill)
 
     # The tangent fills with zeros: a filled entry does not depend on x.
-    return _guarded(read_fn, functools.partial(read_fn, fill=0))
+    return _guarded(read_fn, functools.partial(read_fn, fill=0),
+                    functools.partial(_fold_blocks, read_fn))
+
+
+def _fold_blocks(read_fn, read, axis_size, x, operands, batched):
+    """A batch of block reads: JAX's batching of ``read_fn`` on a device buffer; on a
+    host one, one copy per entry (``read``, with the rules, in a loop).
+
+    Batched, a block's ``dynamic_slice`` becomes a gather, which XLA refuses on
+    host memory ("memory_space of all inputs passed to gather must be the same").
+    """
+    if not _placement.on_host(x):
+        axes = jax.tree.map(lambda b: 0 if b else None, batched)
+        return jax.vmap(read_fn, in_axes=(None, axes))(x, operands)
+    leaves, tree = jax.tree.flatten(operands)
+    flags = jax.tree.leaves(batched)
+
+    def one(batch_leaves):
+        it = iter(batch_leaves)
+        return read(x, tree.unflatten([next(it) if b else leaf
+                                       for leaf, b in zip(leaves, flags, strict=True)]))
+
+    return lax.map(one, [leaf for leaf, b in zip(leaves, flags, strict=True) if b])

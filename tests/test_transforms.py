@@ -69,6 +69,26 @@ def test_vmap_of_gather_over_indices_is_one_call(backend, kind):
     check_gather(out, X0, np.asarray(idx))
 
 
+@pytest.mark.parametrize("kind", ["pinned_host", "device"])
+@pytest.mark.parametrize("form", ["int", "ds", "ds fill", "ds beside an int", "int beside a ds"])
+def test_vmap_of_a_block_read_over_its_starts(kind, form):
+    # A scalar or jax.ds index is a block read (one copy); batched over its start,
+    # XLA would gather from host memory, which it refuses: one copy per entry instead.
+    a = np.arange(20, dtype=np.float32).reshape(5, 4)
+    starts = jnp.array([3, 0, 1, -1, 7])
+    index, mode = {
+        "int": (lambda i: i, None),
+        "ds": (lambda i: jax.ds(i, 2), None),
+        "ds fill": (lambda i: jax.ds(i, 2), "fill"),
+        "ds beside an int": (lambda i: (jax.ds(i, 2), 1), None),
+        "int beside a ds": (lambda i: (1, jax.ds(i, 2)), None),
+    }[form]
+    x = put(a, kind)
+    got = jax.jit(jax.vmap(lambda i: pp.at(x)[index(i)].get(mode=mode)))(starts)
+    expected = jax.vmap(lambda i: jnp.asarray(a).at[index(i)].get(mode=mode))(starts)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+
 def test_vmap_of_gather_over_device_buffers_works_and_over_host_buffers_is_refused():
     xs = np.stack([X0, X0 + 100])
     idx = jnp.array([[0, 5], [-1, 2]])
