@@ -85,8 +85,9 @@ def check_updates(updates: Any, target_shape: tuple[int, ...], x_dtype) -> None:
     if jnp.result_type(updates, x_dtype) != jnp.dtype(x_dtype):
         warnings.warn(
             f"updates of dtype {jnp.result_type(updates)} are cast to the buffer's dtype "
-            f"{jnp.dtype(x_dtype)}, which can lose information (jnp's .at[].set warns the "
-            "same way); cast them yourself to silence this",
+            f"{jnp.dtype(x_dtype)}, which can lose information (jnp's .at[] warns the same "
+            "way); they are cast before add, multiply, min or max combine them, where jnp "
+            "combines in the promoted type; cast them yourself to silence this",
             FutureWarning,
             stacklevel=3,
         )

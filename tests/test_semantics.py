@@ -195,3 +195,20 @@ def test_updates_as_jnp_takes_them(name, dtype, updates, index):
     got = getattr(pp.at(put(a))[index], method)(updates)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=name)
     assert got.dtype == expected.dtype
+
+
+def test_lossy_updates_are_cast_before_they_combine():
+    # The documented difference: where jnp warns of a lossy cast (and says it will
+    # become an error), we cast the updates to x's dtype, then combine; jnp
+    # combines in the promoted type. Cast first, and both agree.
+    a = np.array([5, 7, 9], np.int32)
+    with pytest.warns(FutureWarning, match="cast before add, multiply, min or max"):
+        ours = pp.at(put(a))[np.array([0, 1])].multiply(0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        theirs = jnp.asarray(a).at[np.array([0, 1])].multiply(0.5)
+    assert np.asarray(ours).tolist() == [0, 0, 9]  # 0.5 cast to 0 first
+    assert np.asarray(theirs).tolist() == [2, 3, 9]  # 2.5 and 3.5, rounded toward zero
+    cast = np.int32(0.5)
+    assert (np.asarray(pp.at(put(a))[np.array([0, 1])].multiply(cast)).tolist()
+            == np.asarray(jnp.asarray(a).at[np.array([0, 1])].multiply(cast)).tolist())
