@@ -195,11 +195,15 @@ def _item(it: Any, axis: int, dim: int, operands: list, *, static_ds_as_slice=Fa
             raise TypeError(f"a ds start must be a scalar, got shape {np.shape(start)}")
         operands.append(start)
         return Item("ds", axis, operand=len(operands) - 1, static=(size, stride))
-    if isinstance(it, list) or _is_array(it):
+    if isinstance(it, list) or (_is_array(it) and np.ndim(it) != 0):
         arr = _as_array(it)
         operands.append(arr)
-        kind = "int" if np.ndim(arr) == 0 else "array"
-        return Item(kind, axis, operand=len(operands) - 1, shape=tuple(np.shape(arr)))
+        return Item("array", axis, operand=len(operands) - 1, shape=tuple(np.shape(arr)))
+    if dim == 0:  # jnp (XLA) refuses a single index into an empty axis, in any mode.
+        raise IndexError(f"index is out of bounds for axis {axis} with size 0")
+    if _is_array(it):
+        operands.append(_as_array(it))
+        return Item("int", axis, operand=len(operands) - 1, shape=())
     info = np.iinfo(index_dtype())  # Saturate: a huge int stays out of range.
     return Item("int", axis, value=min(max(_static_int(it, "an index"), info.min), info.max))
 

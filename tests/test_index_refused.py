@@ -128,3 +128,20 @@ def test_a_deleted_buffer_is_refused(rng):
     assert x.is_deleted() and not y.is_deleted()  # consumed on success, as if donated
     with pytest.raises(ValueError, match="deleted"):
         pallas_pinned.at(x)[0].get()
+
+
+@pytest.mark.parametrize("index", [(S(None), 0), (S(None), jnp.int32(0)), (1, -1)])
+@pytest.mark.parametrize("method", ["get", "set"])
+def test_a_single_index_into_an_empty_axis_is_refused_like_jnp(method, index):
+    # jnp (XLA) raises IndexError for one index into an axis of length 0, in every
+    # mode; a write used to do nothing, a read to raise a ValueError.
+    a = np.zeros((3, 0), np.float32)
+    for mode in (None, "fill"):
+        with pytest.raises(IndexError, match="out of bounds for axis 1 with size 0"):
+            ref = jnp.asarray(a).at[index]
+            ref.get(mode=mode) if method == "get" else ref.set(1.0, mode=mode)
+        x = pinned(a)
+        with pytest.raises(IndexError, match="out of bounds for axis 1 with size 0"):
+            ref = pallas_pinned.at(x)[index]
+            ref.get(mode=mode) if method == "get" else ref.set(1.0, mode=mode)
+        assert not x.is_deleted()
