@@ -268,7 +268,7 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps:
         steps = jnp.asarray(np.arange(size) * stride, wide)
         if mode == "wrap":
             return jnp.mod(start + steps, dim), None
-        if stride > 1 and size > 1:
+        if stride > 1:
             # jnp gathers or scatters a strided window position by position
             # (start + k * stride, never wrapped): each one is clipped, filled
             # or dropped on its own, like an index array's.

@@ -163,7 +163,8 @@ def parse(
         if it is None:
             items.append(Item("new"))
             continue
-        items.append(_item(it, axis, shape[axis], operands, static_ds_as_slice=static_ds_as_slice))
+        items.append(_item(it, axis, shape[axis], operands, static_ds_as_slice=static_ds_as_slice,
+                           advanced=arrays))
         axis += 1
     plan = _plan(shape, items, mode, min_lead, ellipsis_at)
     if plan.kind == "axis0" and plan.items[0].kind == "slice":
@@ -171,7 +172,10 @@ def parse(
     return plan, tuple(operands)
 
 
-def _item(it: Any, axis: int, dim: int, operands: list, *, static_ds_as_slice=False) -> Item:
+def _item(
+    it: Any, axis: int, dim: int, operands: list, *, static_ds_as_slice=False,
+    advanced=False,
+) -> Item:
     """One index entry on ``axis`` (length ``dim``); array operands are appended."""
     if _is_ds(it) and static_ds_as_slice and not _is_array(it.start) and not _is_array(it.size):
         start, size = _static_int(it.start, "a ds start"), _static_int(it.size, "a ds size")
@@ -199,7 +203,9 @@ def _item(it: Any, axis: int, dim: int, operands: list, *, static_ds_as_slice=Fa
         arr = _as_array(it)
         operands.append(arr)
         return Item("array", axis, operand=len(operands) - 1, shape=tuple(np.shape(arr)))
-    if dim == 0:  # jnp (XLA) refuses a single index into an empty axis, in any mode.
+    if dim == 0 and not advanced:
+        # jnp (XLA) refuses a single index into an empty axis in any mode, unless an
+        # index array makes it one of the advanced indices.
         raise IndexError(f"index is out of bounds for axis {axis} with size 0")
     if _is_array(it):
         operands.append(_as_array(it))
@@ -241,7 +247,7 @@ def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None)
     )
     blocky = all(
         item.kind in ("int", "new")
-        or (item.kind == "ds" and (item.static[1] == 1 or item.static[0] <= 1))
+        or (item.kind == "ds" and item.static[1] == 1)
         or (item.kind == "slice" and item.static[2] == 1)
         for item in lead_items
     )
@@ -263,7 +269,8 @@ def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None)
     # A strided jax.ds is clipped position by position: in "clip" two of them
     # can land on the same row (a write's duplicates).
     clipped_strides = mode == "clip" and any(
-        item.kind == "ds" and item.static[1] > 1 and item.static[0] > 1 for item in lead_items
+        item.kind == "ds" and item.static[1] > 1 and item.static[0] > 1
+        for item in lead_items
     )
     # jnp's dynamic-slice path (what wraps a negative ds start on a read):
     # no index arrays, unit-step slices and windows only.

@@ -113,6 +113,8 @@ STRIDED = [
     ((N, 3), (jax.ds("@", 2, 2), S(None))),
     ((4, 6, 5), (S(None, None, 2), jax.ds(5, 2), jax.ds("@", 2))),
     ((4, 6, 5), (S(None), jax.ds(4, 2, 2), jax.ds("@", 2))),
+    ((1,), (jax.ds("@", 1, 2),)),  # one position: still not a window to jnp
+    ((3, 4), (jax.ds("@", 1, 3), 1)),
 ]
 
 
