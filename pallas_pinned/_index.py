@@ -272,10 +272,7 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps:
             # jnp gathers or scatters a strided window position by position
             # (start + k * stride, never wrapped): each one is clipped, filled
             # or dropped on its own, like an index array's.
-            pos = start + steps
-            if mode == "clip" or (read and mode not in ("fill", "drop")):
-                return jnp.clip(pos, 0, dim - 1), None
-            return pos, (pos >= 0) & (pos < dim)
+            return _each_position(start + steps, dim, mode, read=read)
         if span == dim:
             # A window as long as its axis: XLA (so jnp) ignores its start,
             # in every mode: the whole axis, never dropped or filled.
@@ -292,7 +289,11 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps:
     pos = _start_of(item, operands, wide)
     if mode == "wrap":
         return jnp.mod(pos, dim), None
-    pos = jnp.where(pos < 0, pos + dim, pos)
+    return _each_position(jnp.where(pos < 0, pos + dim, pos), dim, mode, read=read)
+
+
+def _each_position(pos, dim: int, mode, *, read: bool):
+    """Positions taken one by one: clamped by "clip" and a clamping read, else masked."""
     if mode == "clip" or (read and mode not in ("fill", "drop")):
         return jnp.clip(pos, 0, dim - 1), None
     return pos, (pos >= 0) & (pos < dim)
