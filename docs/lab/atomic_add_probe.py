@@ -238,45 +238,42 @@ AUTO_CASES = ((5, 4), (64, 1024), (256, 4), (256, 1024), (1024, 1024), (4096, 51
               (16384, 256))
 
 
-def _adds(options, rng, sizes, adds):
-    """``adds`` (XLA's first) on the loop's grid of unpromised adds, then on the sparse client."""
-    cases = AUTO_CASES if sizes is FULL else sizes["cases"]
-    for n, row_bytes in cases:
+def _adds(options, rng, sizes, adds, *, cases=AUTO_CASES, ours="auto_rw", not_sparse=()):
+    """``adds`` (XLA's first) on a grid of unpromised adds (``cases``, full sizes only), then
+    on the sparse client (``ours`` named as the client's ``ours_auto``)."""
+    for n, row_bytes in cases if sizes is FULL else sizes["cases"]:
         run_case(options, rng, sizes, n, row_bytes, adds, distinct=False)
-    fns = {name.replace("auto_rw", "ours_auto"): _sgd_scan(pp.gather_from_host, add, 0.5)
-           for name, add in adds.items() if name != "xla_add"}
+    fns = {name.replace(ours, "ours_auto"): _sgd_scan(pp.gather_from_host, add, 0.5)
+           for name, add in adds.items() if name not in ("xla_add", *not_sparse)}
     run_sparse(options, rng, sizes if sizes is not FULL else {**FULL, **SPARSE}, fns)
+
+
+def _rw_and_atomic(atomic: str = "auto_atomic"):
+    """XLA's add and ``auto``'s unpromised add with the read and store, or the atomic."""
+    return {"xla_add": lambda x, r, u: x.at[r].add(u, mode="drop"),
+            "auto_rw": _with_limits(pp.scatter_add_to_host, atomic_add_from=10**9),
+            atomic: _with_limits(pp.scatter_add_to_host, atomic_add_from=0)}
 
 
 def auto_part(options, rng, sizes):
     """``auto``'s unpromised add, read-add-write against the atomic owner write."""
-    _adds(options, rng, sizes, {
-        "xla_add": lambda x, r, u: x.at[r].add(u, mode="drop"),
-        "auto_rw": _with_limits(pp.scatter_add_to_host, atomic_add_from=10**9),
-        "auto_atomic": _with_limits(pp.scatter_add_to_host, atomic_add_from=0),
-    })
+    _adds(options, rng, sizes, _rw_and_atomic())
 
 
 def fused_part(options, rng, sizes):
     """The one-launch add past 1024 rows against the sorted runs (both atomic)."""
-    adds = {"xla_add": lambda x, r, u: x.at[r].add(u, mode="drop"),
-            "runs": pp.scatter_add_to_host,
-            "fused_4k": _with_limits(pp.scatter_add_to_host, fused_max_adds=4096),
-            "fused_16k": _with_limits(pp.scatter_add_to_host, fused_max_adds=16384)}
-    cases = ((4096, 512), (16384, 256)) if sizes is FULL else sizes["cases"]
-    for n, row_bytes in cases:
-        run_case(options, rng, sizes, n, row_bytes, adds, distinct=False)
-    fns = {name.replace("runs", "ours_auto"): _sgd_scan(pp.gather_from_host, add, 0.5)
-           for name, add in adds.items() if name not in ("xla_add", "fused_16k")}
-    run_sparse(options, rng, sizes if sizes is not FULL else {**FULL, **SPARSE}, fns)
+    _adds(options, rng, sizes, {
+        "xla_add": lambda x, r, u: x.at[r].add(u, mode="drop"),
+        "runs": pp.scatter_add_to_host,
+        "fused_4k": _with_limits(pp.scatter_add_to_host, fused_max_adds=4096),
+        "fused_16k": _with_limits(pp.scatter_add_to_host, fused_max_adds=16384),
+    }, cases=((4096, 512), (16384, 256)), ours="runs", not_sparse=("fused_16k",))
 
 
 def relaxed_part(options, rng, sizes):
     """``auto``'s unpromised add: read and store, acquire-release, relaxed atomics."""
     _adds(options, rng, sizes, {
-        "xla_add": lambda x, r, u: x.at[r].add(u, mode="drop"),
-        "auto_rw": _with_limits(pp.scatter_add_to_host, atomic_add_from=10**9),
-        "auto_acq_rel": _with_limits(pp.scatter_add_to_host, atomic_add_from=0),
+        **_rw_and_atomic("auto_acq_rel"),
         "auto_relaxed": _with_limits(pp.scatter_add_to_host, atomic_add_from=0,
                                      relaxed_atomics=True),
     })
