@@ -148,8 +148,7 @@ def test_zero_d_buffer_stays_in_host_memory_under_donating_jit():
     # JAX types a whole rank-0 array's replacement in device memory; the write
     # puts the value back in host memory, so a donating jit keeps the buffer's
     # placement instead of aborting the process (run in a child for that reason).
-    import subprocess
-    import sys
+    from tests.benchmark_helpers import explain, run_cli
 
     code = """
 import jax, jax.numpy as jnp, numpy as np, pallas_pinned as pp
@@ -162,7 +161,5 @@ for op in ("set", "add", "max", "min", "multiply"):
         assert float(out) == float(getattr(jnp.float32(3).at[idx], op)(2.0)), (op, idx)
 print("ok")
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", (
-        done.returncode, done.stderr[-600:]
-    )
+    done = run_cli([], code=code)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", explain(done)

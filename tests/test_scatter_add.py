@@ -184,8 +184,7 @@ def test_relaxed_atomics_without_their_hooks_name_the_setting():
     # lowering; with one of them removed, asking for them fails with a message
     # naming the setting that turns them off (in a child: the hooks install
     # once per process).
-    import subprocess
-    import sys
+    from tests.benchmark_helpers import explain, run_cli
 
     code = (
         "import jax._src.pallas.triton.lowering as lowering\n"
@@ -197,8 +196,9 @@ def test_relaxed_atomics_without_their_hooks_name_the_setting():
         "    print(err)\n"
         "print(type(relaxed_atomics.compiler_params(relaxed=False, num_warps=4)).__name__)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    done = run_cli([], code=code)
+    assert done.returncode == 0, explain(done)
+    out = done.stdout
     assert "tuning.override(relaxed_atomics=False)" in out, out
     assert out.strip().endswith("CompilerParams"), out
 

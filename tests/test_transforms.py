@@ -84,9 +84,10 @@ def test_vmap_of_a_block_read_over_its_starts(kind, form):
         "int beside a ds": (lambda i: (1, jax.ds(i, 2)), None),
     }[form]
     x = put(a, kind)
-    got = jax.jit(jax.vmap(lambda i: pp.at(x)[index(i)].get(mode=mode)))(starts)
+    batched = jax.vmap(lambda i: pp.at(x)[index(i)].get(mode=mode))
     expected = jax.vmap(lambda i: jnp.asarray(a).at[index(i)].get(mode=mode))(starts)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+    for got in (batched(starts), jax.jit(batched)(starts)):  # Eagerly and under jit.
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
 
 def test_vmap_of_gather_over_device_buffers_works_and_over_host_buffers_is_refused():
