@@ -3,8 +3,8 @@
 The owner reads its row and stores ``x + total``. With ``atomic_write`` (float32
 buffers summed in float32, see :func:`atomic_write_allowed`) it adds its total
 with one atomic add instead: still one rounding of ``x + total`` per row, but
-no PCIe read in the program's chain. A float32 atomic add
-on NVIDIA GPUs flushes subnormal inputs and results to zero (the PTX ISA's
+no PCIe read in the program's chain. A float32 atomic add on NVIDIA GPUs
+flushes subnormal inputs and results to zero (the PTX ISA's
 ``atom.add.f32``; the cubin's ``.FTZ``), where the store keeps them, so only
 rows whose totals are all finite and at least ``2**-102`` in magnitude take the
 atomic; the others (a zero, tiny or non-finite total) are read and stored.

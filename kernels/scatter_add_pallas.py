@@ -241,8 +241,7 @@ def scatter_add_rows_fused(
 # order (counted ranks, or a sort: tuning.runs_rank_max), so the entries of a
 # row form one run, in entry order. The run's first entry owns the row: its
 # program sums the run chunk by chunk and does the one read-add-write (or atomic
-# add). Runs are
-# contiguous, so only a program's last run can go on past its block, and its
+# add). Runs are contiguous, so only a program's last run can go on past its block, and its
 # owner follows it until it ends. This replaces the segmented scan's log2(n)
 # passes over the updates, which took most of the sparse client's add on the
 # H200 (2026-12-03 14:46 UTC probe, 4096 Zipf ids: the combining 72.4 us of the
