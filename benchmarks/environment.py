@@ -171,6 +171,7 @@ def environment(repo: Path = REPO) -> dict[str, Any]:
         "device_kind": device.device_kind,
         "git": git_revision(repo),
         "thresholds": dataclasses.asdict(tuning.current()),
+        tuning.ENV: os.environ.get(tuning.ENV, ""),  # Where thresholds differ from the code's.
         # Process-wide XLA options change what a step costs (command buffers: the loop
         # section of benchmarks/README.md); a run's per-compile options are its
         # "compiler_options" (--xla-option).

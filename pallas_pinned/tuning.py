@@ -10,16 +10,26 @@ setting compiles a new program instead of hitting a stale jit cache entry.
 >>> from pallas_pinned import tuning
 >>> with tuning.override(sort_min_updates=0):   # always sort for locality
 ...     pass
+
+A whole process can start from other defaults, set before ``pallas_pinned`` is
+imported: ``PALLAS_PINNED_TUNING="relaxed_atomics=true,atomic_add_from=0"``
+(comma-separated ``name=value``; booleans as true/false/1/0). So a benchmark
+compares settings without an edit, and its results record them (the
+``thresholds`` of ``benchmarks.environment``). A bad entry raises ValueError at
+import, naming the variable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 from collections.abc import Iterator
 
-__all__ = ["Thresholds", "current", "override"]
+__all__ = ["ENV", "Thresholds", "current", "override"]
+
+ENV = "PALLAS_PINNED_TUNING"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +149,34 @@ class Thresholds:
                 raise ValueError(f"{field.name} must be a non-negative int, got {value!r}")
 
 
-_DEFAULTS = Thresholds()
+def _from_environment(text: str) -> Thresholds:
+    """The defaults with ``$PALLAS_PINNED_TUNING``'s ``name=value`` entries applied."""
+    fields = {field.name: field for field in dataclasses.fields(Thresholds)}
+    changes = {}
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = (s.strip() for s in entry.partition("="))
+        if not sep or name not in fields:
+            raise ValueError(
+                f"${ENV}: {entry!r} is not name=value with a name of "
+                f"pallas_pinned.tuning.Thresholds ({', '.join(fields)})"
+            )
+        if fields[name].type == "bool":
+            truth = {"true": True, "1": True, "false": False, "0": False}.get(value.lower())
+            if truth is None:
+                raise ValueError(f"${ENV}: {name} takes true/false/1/0, got {value!r}")
+            changes[name] = truth
+        else:
+            try:
+                changes[name] = int(value)
+            except ValueError:
+                raise ValueError(f"${ENV}: {name} takes an int, got {value!r}") from None
+    try:
+        return Thresholds(**changes)
+    except ValueError as err:  # A negative int.
+        raise ValueError(f"${ENV}: {err}") from None
+
+
+_DEFAULTS = _from_environment(os.environ.get(ENV, ""))
 _state = threading.local()
 
 

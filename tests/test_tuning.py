@@ -1,0 +1,61 @@
+"""``pallas_pinned.tuning``: overrides, and defaults from ``$PALLAS_PINNED_TUNING``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pallas_pinned import tuning
+
+
+def _defaults_in_child(setting: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter that imports pallas_pinned under ``$PALLAS_PINNED_TUNING``."""
+    code = "from pallas_pinned import tuning; print(tuning.current())"
+    env = {**os.environ, tuning.ENV: setting, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_override_is_scoped_and_validated():
+    before = tuning.current()
+    with tuning.override(atomic_add_from=0, relaxed_atomics=True) as inside:
+        assert tuning.current() == inside
+        assert (inside.atomic_add_from, inside.relaxed_atomics) == (0, True)
+    assert tuning.current() == before
+    with pytest.raises(TypeError):
+        with tuning.override(no_such_threshold=1):
+            pass
+    with pytest.raises(ValueError, match="non-negative"):
+        with tuning.override(atomic_add_from=-1):
+            pass
+
+
+def test_environment_sets_the_process_defaults():
+    parsed = tuning._from_environment(" relaxed_atomics=TRUE, atomic_add_from=0,coalesce=0 ,")
+    assert parsed == tuning.Thresholds(relaxed_atomics=True, atomic_add_from=0, coalesce=False)
+    assert tuning._from_environment("") == tuning.Thresholds()
+    child = _defaults_in_child("relaxed_atomics=1,runs_rank_max=16")
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "relaxed_atomics=True" in child.stdout and "runs_rank_max=16" in child.stdout
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("relaxed_atomic=true", "not name=value with a name of"),
+    ("atomic_add_from", "not name=value with a name of"),
+    ("relaxed_atomics=yes", "takes true/false/1/0"),
+    ("atomic_add_from=1k", "takes an int"),
+    ("atomic_add_from=-5", "non-negative"),
+])
+def test_a_bad_environment_entry_names_the_variable(setting, message):
+    with pytest.raises(ValueError, match=message) as err:
+        tuning._from_environment(setting)
+    assert tuning.ENV in str(err.value)
+
+
+def test_a_bad_environment_fails_the_import_clearly():
+    child = _defaults_in_child("relaxed_atomics=maybe")
+    assert child.returncode != 0
+    assert f"${tuning.ENV}: relaxed_atomics takes true/false/1/0" in child.stderr
