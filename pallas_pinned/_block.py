@@ -42,9 +42,7 @@ def write(x: jax.Array, plan: IndexPlan, operands, updates, *, op: str, mode) ->
         # back unchanged when it does not fit (jnp drops the whole window).
         current = _current(x, starts, sizes) if current is None else current
         block = jnp.where(ok, block, current)
-    if _placement.on_host(x):
-        block = jax.device_put(block, jax.memory.Space.Host)
-    return lax.dynamic_update_slice(x, block, starts)
+    return lax.dynamic_update_slice(x, _placement.place_like(block, x), starts)
 
 
 def read(x: jax.Array, plan: IndexPlan, operands, *, mode, fill) -> jax.Array:

@@ -81,10 +81,10 @@ def read_traced(x, operands, call: ReadCall):
     plan = call.plan
     out_shape = plan.result_shape
     if math.prod(out_shape) == 0:
-        return jax.device_put(jnp.zeros(out_shape, x.dtype), _DEVICE)
+        return _placement.read_nothing_of(x, jnp.zeros(out_shape, x.dtype))
     if x.size == 0:  # An indexed axis is empty: only fill modes get here (checked up front).
         fill = call.fill_value(x.dtype)
-        return jax.device_put(lax.full(out_shape, fill, x.dtype), _DEVICE)
+        return _placement.read_nothing_of(x, lax.full(out_shape, fill, x.dtype))
     # Index arrays may live in host memory; the row arithmetic runs on the device.
     operands = jax.tree.map(_placement.to_device_memory, operands)
     # A block read is one copy in every mode (a fill applies on the device).

@@ -136,7 +136,7 @@ def _scalar_write(x, updates, call: WriteCall):
     else:
         acc = _rows.add_accumulator_dtype(x.dtype, call.op)
         new = _rows.COMBINERS[call.op](value.astype(acc), block.astype(x.dtype).astype(acc))
-    return jax.device_put(new.astype(x.dtype), jax.memory.Space.Host)
+    return _placement.place_like(new.astype(x.dtype), x)
 
 
 # --- transformations -------------------------------------------------------------------

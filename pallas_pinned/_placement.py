@@ -19,14 +19,18 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 __all__ = [
     "fix_memory_space",
     "is_concrete",
     "on_host",
+    "place_like",
     "place_result",
     "platform_of",
+    "read_nothing_of",
     "to_device_memory",
 ]
 
@@ -49,6 +53,35 @@ def to_device_memory(a: Any) -> Any:
     if isinstance(a, jax.Array | jax.core.Tracer) and on_host(a):
         return jax.device_put(a, jax.memory.Space.Device)
     return a
+
+
+def read_nothing_of(x: Any, out: Any) -> Any:
+    """``out`` (built without reading ``x``), made to depend on ``x`` to no effect.
+
+    A jit whose result does not read its buffer drops it, and with it the
+    buffer's devices: a read of no rows (or from an empty axis) would come
+    back on one device where its other reads are on ``x``'s mesh, or fail to
+    build a result typed on it. ``lax.select``, which ``jnp.where`` would skip
+    for an empty result, keeps every bit of ``out``.
+    """
+    nothing = to_device_memory(lax.slice_in_dim(x, 0, 0, axis=0))
+    return lax.select(jnp.any(nothing != nothing), jnp.zeros_like(out), out)
+
+
+def place_like(a: Any, x: Any) -> Any:
+    """``a`` (a new part of ``x``) placed as ``x`` is, for an update slice into it.
+
+    Its memory space; and when ``x``'s type carries a mesh whose axes are all
+    ``Explicit`` (a replicated buffer on ``jax.make_mesh``'s mesh), replicated
+    over that mesh: an update slice wants its operands sharded alike.
+    """
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    explicit = jax.sharding.AxisType.Explicit
+    if mesh is not None and not mesh.empty and all(t == explicit for t in mesh.axis_types):
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        a = jax.sharding.reshard(a, replicated)
+    return jax.device_put(a, _HOST) if on_host(x) else a
 
 
 def place_result(out: jax.Array, x: jax.Array) -> jax.Array:

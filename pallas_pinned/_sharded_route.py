@@ -192,7 +192,7 @@ def gather_traced(x, operands, cfg: GatherConfig):
     if math.prod(out_shape) == 0 or x.size == 0:
         # An empty axis is only allowed in fill mode (checked up front).
         out = jnp.full(out_shape, fill_value if x.size == 0 else 0, x.dtype)
-        return replicated(out, cfg.layout)
+        return replicated(_placement.read_nothing_of(x, out), cfg.layout)
     operands = jax.tree.map(_placement.to_device_memory, operands)
     rows = replicated(_global_rows(plan, operands, cfg.call.mode, read=True), cfg.layout)
     bits = jax.shard_map(

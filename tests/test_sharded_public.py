@@ -74,6 +74,32 @@ _CHILD = textwrap.dedent(
         assert out.sharding.is_fully_replicated and out.sharding.memory_kind == "pinned_host"
         for shard in out.addressable_shards:
             assert np.asarray(shard.data).tobytes() == np.asarray(expected).tobytes()
+    # Its blocks (one update slice) and a rank-0 replicated buffer: the new part is
+    # replicated over the mesh too (an update slice wants its operands alike).
+    blocks = [(3, "set", {}), (slice(2, 5), "set", {}), (jax.ds(60, 8), "set",
+              {"mode": "clip"}), (slice(2, 5), "add", {})]
+    for index, method, kw in blocks:
+        theirs = getattr(jnp.asarray(x0).at[index], method)(-1.5, **kw)
+        for call in (lambda x: getattr(pp.at(x)[index], method)(-1.5, **kw),
+                     jax.jit(lambda x: getattr(pp.at(x)[index], method)(-1.5, **kw),
+                             donate_argnums=0)):
+            out = call(jax.device_put(x0, replicated))
+            assert out.sharding.is_fully_replicated, out.sharding
+            assert out.sharding.memory_kind == "pinned_host", out.sharding
+            assert np.asarray(out).tobytes() == np.asarray(theirs).tobytes(), (index, method)
+    scalar = jax.jit(lambda x: pp.at(x)[()].add(2.0), donate_argnums=0)(
+        jax.device_put(np.float32(1.5), replicated))
+    assert float(scalar) == 3.5 and scalar.sharding.memory_kind == "pinned_host", scalar.sharding
+
+    # Empty reads under jit: the result still lives on the mesh (jit would drop x).
+    for sharding in (sharded, replicated):
+        for index in (slice(2, 2), np.zeros((0,), np.int32)):
+            got = jax.jit(lambda x: pp.at(x)[index].get())(jax.device_put(x0, sharding))
+            assert got.shape == (0, 3) and len(got.sharding.device_set) == 4, got.sharding
+        starts = jnp.int32(1)
+        got = jax.jit(lambda x, s: pp.at(x)[jax.ds(s, 0)].get())(jax.device_put(x0, sharding),
+                                                                 starts)
+        assert got.shape == (0, 3), got.shape
     print("ok")
     """
 )
