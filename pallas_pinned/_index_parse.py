@@ -4,8 +4,8 @@
 and returns the plan (static) and its dynamic operands (index arrays, traced
 starts). Forms jnp refuses, and ours it does not take, raise here, before
 anything is staged: TypeError (masks, floats, strings, traced slice bounds),
-IndexError (too many indices, two ellipses), ValueError (a ``jax.ds`` that
-does not fit its axis, ragged lists).
+IndexError (too many indices, two ellipses), ValueError (a ``jax.ds`` of
+stride 1 longer than its axis, ragged lists).
 """
 
 from __future__ import annotations
@@ -187,7 +187,10 @@ def _item(
         return Item("slice", axis, static=it.indices(dim))
     if _is_ds(it):
         size, stride = _static_int(it.size, "a ds size"), _static_int(it.stride, "a ds stride")
-        if size < 0 or stride < 1 or (size and stride * (size - 1) >= dim):
+        # A window longer than its axis is refused, as jnp refuses it. A strided
+        # one is its positions, each clipped, filled or dropped on its own: any
+        # size is jnp's too.
+        if size < 0 or stride < 1 or (stride == 1 and size > dim):
             raise ValueError(
                 f"jax.ds(start, {size}, {stride}) does not fit axis {axis} of length {dim}"
             )

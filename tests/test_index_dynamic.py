@@ -340,3 +340,30 @@ def test_wrap_window_keeps_its_place(rng):
     got = jax.jit(lambda x, s: pallas_pinned.at(x)[1, :, jax.ds(s, 2)].get(mode="wrap"))(
         pinned(a), jnp.int32(3))
     assert got.shape == jax.eval_shape(lambda a: jnp.asarray(a).at[idx].get(), a).shape
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("mode", [None, "drop", "clip", "fill"])
+def test_a_strided_ds_may_reach_past_its_axis(traced, mode):
+    # jnp takes a strided window of any size: positions past the axis are each
+    # clipped, filled or dropped (size 3, stride 3 on an axis of 4: positions 0, 3, 6).
+    x0 = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for start in (0, 1, -10):
+        def ours(x, s):
+            return pallas_pinned.at(x)[:, jax.ds(s, 3, 3)].set(-1.0, mode=mode)
+
+        def theirs(x, s):
+            return x.at[:, jax.ds(s, 3, 3)].set(-1.0, mode=mode)
+
+        if traced:
+            got = jax.jit(ours)(pinned(x0), jnp.int32(start))
+            want = jax.jit(theirs)(jnp.asarray(x0), jnp.int32(start))
+        else:
+            got, want = ours(pinned(x0), start), theirs(jnp.asarray(x0), start)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"{start}")
+    got = jax.jit(lambda x, s: pallas_pinned.at(x)[:, jax.ds(s, 3, 3)].get(mode=mode))(
+        pinned(x0), 0)
+    want = jax.jit(lambda x, s: x.at[:, jax.ds(s, 3, 3)].get(mode=mode))(jnp.asarray(x0), 0)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(ValueError, match="does not fit axis 1 of length 4"):
+        pallas_pinned.at(pinned(x0))[:, jax.ds(jnp.int32(0), 5)].get()
