@@ -15,8 +15,10 @@ Transformations: the write updates one buffer, so ``jax.vmap`` is refused
 (its cotangent would be a second buffer of the same size). Set and add
 differentiate with respect to ``updates`` by rules of their own; min, max and
 mul refuse it. Called outside ``jit`` under a transformation (eager
-``jax.grad``), ``x`` is not donated: a failure later in the transformation
-leaves it alive, and the caller never receives the updated buffer anyway.
+``jax.grad``, ``jax.vmap``), ``x`` is not donated (:func:`may_donate`), even
+when none of this call's arguments is traced: a failure later in the
+transformation leaves it alive, and the caller never receives the updated
+buffer anyway.
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ from pallas_pinned import _block, _placement, _registry, _rows, _write_rows, tun
 from pallas_pinned._index import IndexPlan
 from pallas_pinned.reference import gather_rows_reference
 
-__all__ = ["WriteCall", "write", "write_traced"]
+try:  # Private: whether a transformation is on (see may_donate).
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # Moved: the arguments' tracers decide alone.
+    _trace_state_clean = None
+
+__all__ = ["WriteCall", "may_donate", "write", "write_traced"]
 
 OP_NAMES = {
     "set": "scatter_to_host",
@@ -244,6 +251,19 @@ def _jitted(sharding, donate: bool):
     )
 
 
+def may_donate(*args) -> bool:
+    """Whether an eager write may consume its buffer: nothing traced, no transformation on.
+
+    A closed-over buffer written with constants inside an eager ``jax.grad`` or
+    ``jax.vmap`` has no traced argument, yet its result stays inside the
+    transformation. JAX's trace state says whether one is on; should that
+    private function move, the arguments' tracers still decide.
+    """
+    if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(args)):
+        return False
+    return _trace_state_clean is None or bool(_trace_state_clean())
+
+
 def write(x, operands, updates, call: WriteCall):
     """Runs (or, inside a trace, stages) the write with its transformation rules.
 
@@ -258,7 +278,4 @@ def write(x, operands, updates, call: WriteCall):
     if call.plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write; the buffer stays as it is.
     x = _placement.fix_memory_space(x)
-    transformed = any(
-        isinstance(a, jax.core.Tracer) for a in jax.tree.leaves((operands, updates))
-    )
-    return _jitted(x.sharding, not transformed)(x, operands, updates, call)
+    return _jitted(x.sharding, may_donate(operands, updates))(x, operands, updates, call)

@@ -47,7 +47,7 @@ from pallas_pinned._sharded_route import (
     GatherConfig,
     Layout,
     WriteConfig,
-    donating,
+    eager_write,
     gather_jit,
     gather_traced,
     write_traced,
@@ -198,7 +198,8 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
         return write_traced(x, operands, updates, cfg)
     if plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write: the buffer stays as it is, not consumed.
-    return donating(x.sharding)(x, operands, updates, cfg)
+    donate = _local_write.may_donate(operands, updates)
+    return eager_write(x.sharding, donate)(x, operands, updates, cfg)
 
 
 def scatter(x, index, updates, **settings):

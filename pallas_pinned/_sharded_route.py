@@ -117,9 +117,10 @@ def _local_rows(rows, layout: Layout, shard_rows: int):
 
 
 @functools.cache
-def donating(sharding):
-    """The eager write: x donated, the result placed exactly where x is."""
-    return jax.jit(write_traced, static_argnums=(3,), donate_argnums=(0,), out_shardings=sharding)
+def eager_write(sharding, donate: bool):
+    """The eager write: x donated (unless ``donate`` is False), the result placed where x is."""
+    return jax.jit(write_traced, static_argnums=(3,), donate_argnums=(0,) if donate else (),
+                   out_shardings=sharding)
 
 
 def _global_rows(plan: IndexPlan, operands, mode, *, read: bool):

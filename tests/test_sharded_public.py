@@ -100,6 +100,11 @@ _CHILD = textwrap.dedent(
         got = jax.jit(lambda x, s: pp.at(x)[jax.ds(s, 0)].get())(jax.device_put(x0, sharding),
                                                                  starts)
         assert got.shape == (0, 3), got.shape
+
+    # A write of constants inside an eager grad: its result stays inside, so x stays.
+    x = jax.device_put(x0, sharded)
+    jax.grad(lambda u: (pp.at(x)[1].set(7.0), jnp.sum(u))[1])(jnp.ones(2))
+    assert not x.is_deleted() and np.asarray(x).tobytes() == x0.tobytes()
     print("ok")
     """
 )

@@ -238,3 +238,39 @@ def test_an_eager_grad_that_works_does_not_consume_the_buffer():
     assert_same(grad, np.asarray(WEIGHTS[np.array([1, 4])]))
     assert not x.is_deleted()
     assert_same(read(x), X0)
+
+
+def _constant_writes(x):
+    """Writes of constants into a closed-over x, inside eager transformations of u."""
+    on_device = jax.memory.Space.Device
+    return {
+        "grad": lambda: jax.grad(
+            lambda u: jnp.sum(u) + jnp.sum(jax.device_put(pp.at(x)[1].set(7.0), on_device))
+        )(jnp.ones(2)),
+        "vmap": lambda: jax.vmap(
+            lambda u: u + jax.device_put(pp.at(x)[1].add(7.0), on_device)[1]
+        )(jnp.ones((3, 2))),
+    }
+
+
+@pytest.mark.parametrize("case", ["grad", "vmap"])
+def test_a_write_with_no_traced_argument_inside_a_transformation_keeps_x(case, monkeypatch):
+    # None of the write's arguments is traced, yet its result stays inside the
+    # transformation: x must not be donated (README, "donation").
+    from pallas_pinned import _local_write
+
+    x = put(X0)
+    _constant_writes(x)[case]()
+    assert not x.is_deleted()
+    assert_same(read(x), X0)
+    # The documented fallback, should JAX's private trace state move: the
+    # arguments' tracers decide alone, and this x is donated.
+    monkeypatch.setattr(_local_write, "_trace_state_clean", None)
+    x = put(X0)
+    _constant_writes(x)[case]()
+    assert x.is_deleted()
+    # Outside any transformation the eager write still consumes x (in place).
+    monkeypatch.undo()
+    x = put(X0)
+    out = pp.at(x)[1].set(7.0)
+    assert x.is_deleted() and read(out)[1].tolist() == [7.0, 7.0]
