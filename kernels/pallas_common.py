@@ -30,6 +30,7 @@ __all__ = [
     "RowGrid",
     "RowTiling",
     "Tile",
+    "additive_identity",
     "choose_row_tiling",
     "dest_rows",
     "for_chunks",
@@ -42,6 +43,7 @@ __all__ = [
     "program_entries",
     "raw_entries",
     "skip_row",
+    "sum_along",
     "tile_lanes",
 ]
 
@@ -170,6 +172,30 @@ def for_chunks(start, stop, num_chunks: int, body, init):
     if num_chunks == 1:
         return body(0, init)
     return lax.fori_loop(start, stop, body, init)
+
+
+def additive_identity(dtype):
+    """``-0.0`` for floats (``v + -0.0`` is ``v`` for every ``v``, zeros of either sign
+    included; ``+0.0`` would turn ``-0.0`` into ``+0.0``), ``0`` otherwise."""
+    return jnp.array(-0.0 if jnp.issubdtype(dtype, jnp.floating) else 0, dtype)
+
+
+def sum_along(a, axis: int, dtype, *, interpret: bool):
+    """``jnp.sum(a, axis, dtype)`` that keeps the sign of a zero sum, as jnp's fold does.
+
+    Triton's reduction combines the elements alone (a sum of ``-0.0`` is
+    ``-0.0``). XLA's, which interpret mode runs, starts from ``+0.0``, and on
+    the CPU even a ``-0.0`` start is lost in its partial sums past a few
+    elements; there the halves are added elementwise instead, which IEEE
+    defines for zeros of either sign.
+    """
+    if not (interpret and jnp.issubdtype(dtype, jnp.floating)):
+        return jnp.sum(a, axis=axis, dtype=dtype)
+    a = jnp.moveaxis(a.astype(dtype), axis, 0)
+    while a.shape[0] > 1:
+        half = a.shape[0] // 2
+        a = jnp.concatenate([a[:half] + a[half:2 * half], a[2 * half:]])
+    return a[0]
 
 
 def raw_entries(indices_ref, grid: RowGrid, mode):

@@ -36,6 +36,7 @@ from .owner_write import atomic_write_allowed, check_atomic, read_row, write_tot
 from .pallas_common import (
     RowGrid,
     RowTiling,
+    additive_identity,
     choose_row_tiling,
     dest_rows,
     for_chunks,
@@ -44,6 +45,7 @@ from .pallas_common import (
     next_pow2,
     one_launch_tiling,
     raw_entries,
+    sum_along,
     tile_lanes,
 )
 
@@ -126,8 +128,12 @@ def _any(mask):
 def scatter_add_rows_fused_kernel(
     indices_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, search_chunk: int,
     sum_chunk: int, mode: str | None, combine: bool, acc_dtype, atomic: str | None = None,
+    interpret_sums: bool = False,
 ):
-    """Adds one tile of raw-indexed updates; each row's first entry adds all of that row's."""
+    """Adds one tile of raw-indexed updates; each row's first entry adds all of that row's.
+
+    Absent entries add ``-0.0``, the identity that keeps a row's ``-0.0``.
+    """
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
     num_entries, num_rows = grid.num_entries, grid.num_rows
     first, k, cols, rows, row_ok = raw_entries(indices_ref, grid, mode)
@@ -175,8 +181,9 @@ def scatter_add_rows_fused_kernel(
                 addend = plgpu.load(
                     updates_ref.at[j[:, None], cols[None, :]], mask=mask, other=0
                 ).astype(acc_dtype)
-                picked = jnp.where(hit[:, :, None], addend[None, :, :], jnp.zeros((), acc_dtype))
-                return total + jnp.sum(picked, axis=1, dtype=acc_dtype)
+                picked = jnp.where(hit[:, :, None], addend[None, :, :],
+                                   additive_identity(acc_dtype))
+                return total + sum_along(picked, 1, acc_dtype, interpret=interpret_sums)
 
             return lax.cond(_any(hit), accumulate, lambda t: t, total)
 
@@ -231,7 +238,8 @@ def scatter_add_rows_fused(
         scatter_add_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_rows_fused",
         search_chunk=search_chunk, sum_chunk=sum_chunk, mode=mode, combine=combine_duplicates,
-        acc_dtype=acc_dtype, **_owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret),
+        acc_dtype=acc_dtype, interpret_sums=interpret,
+        **_owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret),
     )
 
 
@@ -265,16 +273,19 @@ def _run_tiling(num_entries: int, row_width: int, itemsize: int) -> RowTiling:
 
 def scatter_add_sorted_runs_kernel(
     rows_ref, perm_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, sum_chunk: int,
-    run_chunk: int, acc_dtype, atomic: str | None = None,
+    run_chunk: int, acc_dtype, atomic: str | None = None, interpret_sums: bool = False,
 ):
-    """Adds the runs that start in one tile of sorted rows; each run's first entry owns its row."""
+    """Adds the runs that start in one tile of sorted rows; each run's first entry owns its row.
+
+    Sums start from ``-0.0``, the identity that keeps a row's ``-0.0``.
+    """
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
     num_entries, num_rows = grid.num_entries, grid.num_rows
     # Bounds checked: the skip markers of the order lie outside the buffer.
     tile = tile_lanes(rows_ref, None, grid, check_bounds=True)
     first, k, rows, cols = tile.first, tile.order, tile.rows, tile.cols
     cols_ok = (cols < grid.row_width)[None, :]
-    zero = jnp.zeros((), acc_dtype)
+    zero = additive_identity(acc_dtype)
 
     def rows_at(j, ok):
         return plgpu.load(rows_ref.at[j], mask=ok, other=-1)
@@ -294,7 +305,7 @@ def scatter_add_sorted_runs_kernel(
     current = read_row(x_out_ref, dest, cols, mask, atomic=atomic)
 
     # This block's own entries: each owner sums the entries of its run here.
-    total = jnp.zeros((grid.block_rows, grid.block_cols), acc_dtype)
+    total = jnp.full((grid.block_rows, grid.block_cols), zero)
     for start in range(0, grid.block_rows, sum_chunk):
         j = first + start + jnp.arange(sum_chunk)
         j_ok = j < num_entries
@@ -303,7 +314,7 @@ def scatter_add_sorted_runs_kernel(
             & (j[None, :] >= k[:, None]) & j_ok[None, :]
         )
         picked = jnp.where(hit[:, :, None], updates_at(j, j_ok)[None, :, :], zero)
-        total = total + jnp.sum(picked, axis=1, dtype=acc_dtype)
+        total = total + sum_along(picked, 1, acc_dtype, interpret=interpret_sums)
 
     # The last run of the block, if it starts here, may go on past it.
     last_row = jnp.max(jnp.where(tile.entry_ok, rows, -1))
@@ -315,8 +326,9 @@ def scatter_add_sorted_runs_kernel(
         start, extra, _ = carry
         j = start + jnp.arange(run_chunk)
         hit = (j < num_entries) & (rows_at(j, j < num_entries) == last_row)
-        extra = extra + jnp.sum(
-            jnp.where(hit[:, None], updates_at(j, hit), zero), axis=0, dtype=acc_dtype
+        extra = extra + sum_along(
+            jnp.where(hit[:, None], updates_at(j, hit), zero), 0, acc_dtype,
+            interpret=interpret_sums,
         )
         # A run is contiguous: it can go on only if it filled this chunk.
         return start + run_chunk, extra, jnp.min(hit.astype(jnp.int32))
@@ -324,7 +336,7 @@ def scatter_add_sorted_runs_kernel(
     going_on = jnp.where(continues, jnp.max(tail_owner.astype(jnp.int32)), 0)
     _, extra, _ = lax.while_loop(
         lambda carry: carry[2] > 0, follow,
-        (first + grid.block_rows, jnp.zeros((grid.block_cols,), acc_dtype), going_on),
+        (first + grid.block_rows, jnp.full((grid.block_cols,), zero), going_on),
     )
     total = total + jnp.where(tail_owner[:, None], extra[None, :], zero)
     write_total(x_out_ref, dest, cols, mask, total, current, atomic=atomic)
@@ -355,6 +367,6 @@ def scatter_add_sorted_runs(
     return launch_row_kernel(
         scatter_add_sorted_runs_kernel, (rows, perm, updates, x), tiling=tiling, in_place=True,
         interpret=interpret, name="pallas_pinned_scatter_add_sorted_runs", sum_chunk=sum_chunk,
-        run_chunk=run_chunk, acc_dtype=acc_dtype,
+        run_chunk=run_chunk, acc_dtype=acc_dtype, interpret_sums=interpret,
         **_owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret),
     )

@@ -23,6 +23,7 @@ from pallas_pinned.testing import assert_same, make_values, scatter_add_oracle
 from tests.helpers import (
     BACKENDS,
     PALLAS,
+    TRITON,
     VALUE_BACKENDS,
     exact_values,
     mixed_indices,
@@ -96,6 +97,32 @@ def test_add_one_launch_and_unfused_paths(rng, backend, path, n, width):
         out = add(put(x0), jnp.asarray(idx), jnp.asarray(upd))
     assert out.sharding.memory_kind == "pinned_host", out.sharding
     assert_same(read(out), scatter_add_oracle(x0, idx, upd))
+
+
+@pytest.mark.parametrize("backend", ["xla", "interpret", PALLAS, TRITON])
+@pytest.mark.parametrize("path", [*ADD_PATHS, "distinct_rows"])
+def test_add_keeps_the_sign_of_zero_as_jnp_does(rng, backend, path):
+    # Zeros of both signs only: jnp's fold x + u0 + u1 ... gives -0.0 exactly
+    # where x and all of a position's updates are -0.0 (IEEE), whatever the
+    # order. Sums that start from +0.0, or absent entries that add +0.0, turn
+    # those into +0.0 (the Pallas add did, in rows with duplicates and from
+    # 1025 entries on).
+    x0 = np.where(rng.random((40, 3)) < 0.8, np.float32(-0.0), np.float32(0.0))
+    if path == "distinct_rows":
+        idx = rng.permutation(40)[:30] - 20  # Negative ones wrap.
+        kwargs, limits = {"unique_indices": True}, {"fused_max_adds": 0}
+    else:
+        idx = mixed_indices(rng, 40, (300,))
+        kwargs, limits = {}, ADD_PATHS[path]
+    upd = np.where(rng.random((idx.shape[0], 3)) < 0.97, np.float32(-0.0), np.float32(0.0))
+    expected = np.asarray(jnp.asarray(x0).at[jnp.asarray(idx)].add(jnp.asarray(upd)))
+    assert np.signbit(expected).any() and not np.signbit(expected).all()
+    for atomic_from in (0, 10**9):
+        with tuning.override(**limits, atomic_add_from=atomic_from):
+            out = scatter_add_to_host(put(x0), jnp.asarray(idx), jnp.asarray(upd),
+                                      backend=backend, **kwargs)
+        np.testing.assert_array_equal(read(out).view(np.uint32), expected.view(np.uint32),
+                                      err_msg=f"atomic_add_from={atomic_from}")
 
 
 def _edge_rows(x0, idx, upd, rng):
