@@ -94,11 +94,16 @@ def check_updates(updates: Any, target_shape: tuple[int, ...], x_dtype) -> None:
 
 
 def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
-    """Concrete inputs must live on the buffer's device (any memory kind)."""
+    """Committed concrete inputs must live on the buffer's device (any memory kind).
+
+    An uncommitted one (``jnp.array(...)`` on the default device) moves with the
+    call, as jit moves it: on a buffer of another device, eagerly as under jit.
+    """
     if not _placement.is_concrete(x):
         return
     for name, other in others:
-        if _placement.is_concrete(other) and other.sharding.device_set != x.sharding.device_set:
+        if (_placement.is_concrete(other) and other.committed
+                and other.sharding.device_set != x.sharding.device_set):
             raise ValueError(
                 f"{name} is on {sorted(map(str, other.sharding.device_set))} but x is on "
                 f"{sorted(map(str, x.sharding.device_set))}; move it with jax.device_put first"

@@ -181,6 +181,22 @@ def test_add_into_bool_is_refused_as_in_jnp():
         scatter_add_to_host(put(np.ones((4, 2), bool)), [1], True)
 
 
+def test_uncommitted_inputs_move_to_a_buffer_on_another_device():
+    # jnp.array(...) lands uncommitted on the default device; like jit, the ops
+    # move it to the buffer's device, eagerly too. Committed ones are refused.
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices")
+    x0 = np.arange(12, dtype=np.float32).reshape(6, 2)
+    x = put(x0, device=jax.devices()[1])
+    got = gather_from_host(x, jnp.array([1, 2]))
+    assert got.sharding.device_set == {jax.devices()[1]}
+    np.testing.assert_array_equal(read(got), x0[[1, 2]])
+    out = scatter_add_to_host(x, jnp.array([1, 1]), jnp.ones((2, 2), jnp.float32))
+    assert out.sharding.device_set == {jax.devices()[1]}
+    assert out.sharding.memory_kind == "pinned_host"
+    np.testing.assert_array_equal(read(out)[1], x0[1] + 2)
+
+
 def test_add_updates_on_another_device():
     if len(jax.devices()) < 2:
         pytest.skip("needs two devices")
