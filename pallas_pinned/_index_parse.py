@@ -79,6 +79,14 @@ def _static_int(v: Any, what: str) -> int:
         return int(v)
     if isinstance(v, (float, complex, np.floating, np.complexfloating)):
         raise _type_error(f"the {type(v).__name__} {v!r}")
+    if isinstance(v, jax.core.Tracer):
+        # A size or stride fixes the result's shape, which a trace must know.
+        raise TypeError(
+            f"{what} must be static (a Python int), got a traced value {v!r}; pass it as a "
+            "static argument of your jit, or use a fixed size with mode='fill' or 'drop'"
+        )
+    if _is_array(v) and np.ndim(v) == 0 and jnp.issubdtype(v.dtype, jnp.integer):
+        return int(v)  # A concrete jax scalar, as jnp takes it.
     raise _type_error(f"{type(v).__name__} {v!r} as {what}")
 
 

@@ -92,6 +92,16 @@ def test_traced_slice_bound_is_refused(rng):
         jax.jit(lambda x, s: x.at[s:s + 2].get())(a, jnp.int32(1))
 
 
+def test_a_traced_ds_size_is_refused_naming_static_and_a_concrete_one_is_taken(rng):
+    a = buffer_values(rng, SHAPE, np.float32)
+    with pytest.raises(TypeError, match="a ds size must be static"):
+        jax.jit(lambda x, n: _call(x, jax.ds(0, n), "get"))(pinned(a), 2)
+    # (jax.ds itself refuses a traced stride.)
+    # A concrete jax scalar is a static size (jnp's own indexing asserts on it).
+    got = _call(pinned(a), jax.ds(1, jnp.int32(2)), "get")
+    np.testing.assert_array_equal(np.asarray(got), a[1:3])
+
+
 @pytest.mark.parametrize("method", METHODS[1:])
 def test_bad_values_leave_x(rng, method):
     a = buffer_values(rng, SHAPE, np.float32)
