@@ -37,7 +37,8 @@ def _signature(*parts: Any, arrays: tuple) -> tuple | None:
     """The key of a call whose every array is concrete (``None``: not one to keep)."""
     if not all(_placement.is_concrete(a) for a in arrays):
         return None
-    return (*parts, *((a.shape, a.dtype, a.sharding) for a in arrays))
+    # Committed or not: an uncommitted array may sit on another device than x.
+    return (*parts, *((a.shape, a.dtype, a.sharding, a.committed) for a in arrays))
 
 
 def _kept_or_checked(key: tuple | None, index: Any, check) -> tuple[Any, tuple, bool]:

@@ -195,6 +195,10 @@ def test_uncommitted_inputs_move_to_a_buffer_on_another_device():
     assert out.sharding.device_set == {jax.devices()[1]}
     assert out.sharding.memory_kind == "pinned_host"
     np.testing.assert_array_equal(read(out)[1], x0[1] + 2)
+    # The same signature with a committed index: refused, not taken from the kept plan.
+    with pytest.raises(ValueError, match="indices is on"):
+        gather_from_host(out, jax.device_put(jnp.array([1, 2]), jax.devices()[0]))
+    assert not out.is_deleted()
 
 
 def test_add_updates_on_another_device():
