@@ -86,7 +86,7 @@ def _static_int(v: Any, what: str) -> int:
             "static argument of your jit, or use a fixed size with mode='fill' or 'drop'"
         )
     if _is_array(v) and np.ndim(v) == 0 and jnp.issubdtype(v.dtype, jnp.integer):
-        return int(v)  # A concrete jax scalar, as jnp takes it.
+        return int(v)  # A concrete jax scalar: static (jnp's own indexing asserts on it).
     raise _type_error(f"{type(v).__name__} {v!r} as {what}")
 
 
@@ -185,7 +185,7 @@ def _item(
     advanced=False,
 ) -> Item:
     """One index entry on ``axis`` (length ``dim``); array operands are appended."""
-    if _is_ds(it) and static_ds_as_slice and not _is_array(it.start) and not _is_array(it.size):
+    if _is_ds(it) and static_ds_as_slice and not _is_array(it.start):
         start, size = _static_int(it.start, "a ds start"), _static_int(it.size, "a ds size")
         it = slice(start, start + size, _static_int(it.stride, "a ds stride"))
     if isinstance(it, slice):

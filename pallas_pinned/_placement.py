@@ -71,14 +71,15 @@ def read_nothing_of(x: Any, out: Any) -> Any:
 def place_like(a: Any, x: Any) -> Any:
     """``a`` (a new part of ``x``) placed as ``x`` is, for an update slice into it.
 
-    Its memory space; and when ``x``'s type carries a mesh whose axes are all
-    ``Explicit`` (a replicated buffer on ``jax.make_mesh``'s mesh), replicated
-    over that mesh: an update slice wants its operands sharded alike.
+    Its memory space; and when ``x``'s type carries a mesh with ``Explicit``
+    axes (a replicated buffer on ``jax.make_mesh``'s mesh, or one that mixes
+    axis types), replicated over that mesh: an update slice wants its operands
+    sharded alike.
     """
     sharding = getattr(jax.typeof(x), "sharding", None)
     mesh = getattr(sharding, "mesh", None)
     explicit = jax.sharding.AxisType.Explicit
-    if mesh is not None and not mesh.empty and all(t == explicit for t in mesh.axis_types):
+    if mesh is not None and not mesh.empty and any(t == explicit for t in mesh.axis_types):
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         a = jax.sharding.reshard(a, replicated)
     return jax.device_put(a, _HOST) if on_host(x) else a

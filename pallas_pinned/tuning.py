@@ -155,6 +155,8 @@ def _from_environment(text: str) -> Thresholds:
     changes = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = (s.strip() for s in entry.partition("="))
+        if name in changes:
+            raise ValueError(f"${ENV}: {name} is given twice")
         if not sep or name not in fields:
             raise ValueError(
                 f"${ENV}: {entry!r} is not name=value with a name of "

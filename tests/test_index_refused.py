@@ -97,9 +97,12 @@ def test_a_traced_ds_size_is_refused_naming_static_and_a_concrete_one_is_taken(r
     with pytest.raises(TypeError, match="a ds size must be static"):
         jax.jit(lambda x, n: _call(x, jax.ds(0, n), "get"))(pinned(a), 2)
     # (jax.ds itself refuses a traced stride.)
-    # A concrete jax scalar is a static size (jnp's own indexing asserts on it).
-    got = _call(pinned(a), jax.ds(1, jnp.int32(2)), "get")
-    np.testing.assert_array_equal(np.asarray(got), a[1:3])
+    # A concrete jax scalar is a static size, read as the int would be (jnp's own
+    # indexing asserts on it): a static window past the end is a slice, as in jnp.
+    for start, size, stride in ((1, 2, 1), (SHAPE[0] - 2, 4, 1), (0, 4, 2)):
+        got = _call(pinned(a), jax.ds(start, jnp.int32(size), stride), "get")
+        want = jnp.asarray(a).at[jax.ds(start, size, stride)].get()
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 @pytest.mark.parametrize("method", METHODS[1:])

@@ -99,7 +99,17 @@ _CHILD = textwrap.dedent(
         starts = jnp.int32(1)
         got = jax.jit(lambda x, s: pp.at(x)[jax.ds(s, 0)].get())(jax.device_put(x0, sharding),
                                                                  starts)
-        assert got.shape == (0, 3), got.shape
+        assert got.shape == (0, 3) and len(got.sharding.device_set) == 4, got.sharding
+
+    # A mesh that mixes axis types: a block write into a replicated buffer.
+    mixed = jax.make_mesh((2, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Explicit,
+                                                          jax.sharding.AxisType.Auto))
+    for kind in ("pinned_host", "device"):
+        for index in (3, slice(2, 5)):
+            theirs = jnp.asarray(x0).at[index].set(-1.5)
+            out = jax.jit(lambda x: pp.at(x)[index].set(-1.5), donate_argnums=0)(
+                jax.device_put(x0, NamedSharding(mixed, P(), memory_kind=kind)))
+            assert np.asarray(out).tobytes() == np.asarray(theirs).tobytes(), (kind, index)
 
     # A write of constants inside an eager grad: its result stays inside, so x stays.
     x = jax.device_put(x0, sharded)

@@ -48,6 +48,7 @@ def test_environment_sets_the_process_defaults():
     ("relaxed_atomics=yes", "takes true/false/1/0"),
     ("atomic_add_from=1k", "takes an int"),
     ("atomic_add_from=-5", "non-negative"),
+    ("atomic_add_from=0,atomic_add_from=5", "given twice"),
 ])
 def test_a_bad_environment_entry_names_the_variable(setting, message):
     with pytest.raises(ValueError, match=message) as err:
