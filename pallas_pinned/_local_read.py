@@ -85,8 +85,10 @@ def read_traced(x, operands, call: ReadCall):
     if x.size == 0:  # An indexed axis is empty: only fill modes get here (checked up front).
         fill = call.fill_value(x.dtype)
         return _placement.read_nothing_of(x, lax.full(out_shape, fill, x.dtype))
-    # Index arrays may live in host memory; the row arithmetic runs on the device.
+    # Index arrays may live in host memory; the row arithmetic runs on the device,
+    # on every entry (sharded over a replicated buffer's mesh, they are gathered).
     operands = jax.tree.map(_placement.to_device_memory, operands)
+    operands = jax.tree.map(functools.partial(_placement.replicated_like, x), operands)
     # A block read is one copy in every mode (a fill applies on the device).
     impl = _registry.choose("get", plan.kind, x, plan.num_entries, call.backend, block_copy=True)
     if impl == "block":

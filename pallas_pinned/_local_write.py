@@ -244,11 +244,18 @@ def _with_rules(call: WriteCall):
 @functools.cache
 def _jitted(sharding, donate: bool):
     def run(x, operands, updates, call):
-        return _with_rules(call)(x, operands, updates)
+        return _with_rules(call)(x, *_replicated_like(x, operands, updates))
 
     return jax.jit(
         run, static_argnums=(3,), donate_argnums=(0,) if donate else (), out_shardings=sharding
     )
+
+
+def _replicated_like(x, operands, updates):
+    """Indices and updates sharded over a replicated buffer's mesh, gathered (outside
+    the rules, so that the gradient's transpose scatters them back)."""
+    place = functools.partial(_placement.replicated_like, x)
+    return tuple(place(a) for a in operands), place(updates)
 
 
 def may_donate(*args) -> bool:
@@ -274,7 +281,7 @@ def write(x, operands, updates, call: WriteCall):
     if not isinstance(updates, jax.Array | jax.core.Tracer):
         updates = jnp.asarray(updates)  # custom_vjp wants arrays, not Python scalars.
     if isinstance(x, jax.core.Tracer):
-        return _with_rules(call)(x, operands, updates)
+        return _with_rules(call)(x, *_replicated_like(x, operands, updates))
     if call.plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write; the buffer stays as it is.
     x = _placement.fix_memory_space(x)

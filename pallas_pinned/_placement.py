@@ -29,6 +29,7 @@ __all__ = [
     "on_host",
     "place_like",
     "place_result",
+    "replicated_like",
     "platform_of",
     "read_nothing_of",
     "to_device_memory",
@@ -68,6 +69,15 @@ def read_nothing_of(x: Any, out: Any) -> Any:
     return lax.select(jnp.any(nothing != nothing), jnp.zeros_like(out), out)
 
 
+def _explicit_mesh(x: Any):
+    """The mesh ``x``'s type carries when it has an ``Explicit`` axis; else None."""
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    explicit = jax.sharding.AxisType.Explicit
+    if mesh is not None and not mesh.empty and any(t == explicit for t in mesh.axis_types):
+        return mesh
+    return None
+
+
 def place_like(a: Any, x: Any) -> Any:
     """``a`` (a new part of ``x``) placed as ``x`` is, for an update slice into it.
 
@@ -76,13 +86,29 @@ def place_like(a: Any, x: Any) -> Any:
     axis types), replicated over that mesh: an update slice wants its operands
     sharded alike.
     """
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    explicit = jax.sharding.AxisType.Explicit
-    if mesh is not None and not mesh.empty and any(t == explicit for t in mesh.axis_types):
+    mesh = _explicit_mesh(x)
+    if mesh is not None:
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         a = jax.sharding.reshard(a, replicated)
     return jax.device_put(a, _HOST) if on_host(x) else a
+
+
+def replicated_like(x: Any, a: Any) -> Any:
+    """``a`` (an index array or the updates), replicated over ``x``'s mesh if sharded there.
+
+    A replicated buffer on a mesh with ``Explicit`` axes has its type on that
+    mesh, and so do indices sharded over it (a data-parallel batch): the local
+    ops, which compare and sort whole index lists, need every entry on every
+    device. Anything else comes back as it is.
+    """
+    if _explicit_mesh(x) is None or not isinstance(a, jax.Array | jax.core.Tracer):
+        return a
+    sharding = getattr(jax.typeof(a), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty or all(entry is None for entry in sharding.spec):
+        return a
+    return jax.sharding.reshard(to_device_memory(a), jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()))
 
 
 def place_result(out: jax.Array, x: jax.Array) -> jax.Array:

@@ -15,7 +15,8 @@ network bytes, against a sort-by-owner all-to-all: :mod:`._sharded_route`.
 The public ops route here first (``_front``): ``if is_sharded_buffer(x): return
 write(...)``. Every index form of the single-device ops is taken; the sharded
 axis stays axis 0. Supported: a concrete array whose ``NamedSharding``
-shards axis 0 only (over one or several mesh axes), rows divisible by the
+shards axis 0 only (over one or several mesh axes; axes of size 1 split
+nothing, so a spec naming only those is one shard), rows divisible by the
 shard count, and inside ``jit`` a traced buffer whose *type* carries that
 sharding (a mesh with ``Explicit`` axes, ``jax.make_mesh``'s default in jax
 0.12). Other layouts, uneven shards (which jax 0.12 itself refuses to build),
@@ -62,25 +63,40 @@ _EXPLICIT = jax.sharding.AxisType.Explicit
 def is_sharded_buffer(x: Any) -> bool:
     """Whether the public ops must hand ``x`` to this module.
 
-    Concrete: ``x`` spans more than one device. This module runs the layout
-    it supports and refuses any other with the reason (before, the ops
-    refused them all). Traced: ``x``'s type shards it over more than one
-    device. Traced buffers whose type says nothing (``Auto`` meshes) stay
-    with the single-device ops, as before; inside ``shard_map`` the local
-    shard's mesh axes are ``Manual``, so the local ops take it, as they must.
+    Concrete: ``x`` spans more than one device, or its ``NamedSharding`` names a
+    mesh axis (even one of size 1: ``jax.make_mesh((1,), ("data",))`` on one
+    GPU types the buffer ``f32[8@data]``, which the local ops cannot take).
+    This module runs the layout it supports and refuses any other with the
+    reason. A replicated buffer (``P()``) is as many whole copies: the local
+    ops update each alike, eagerly as under jit. Traced: ``x``'s type names a
+    mesh axis that is not ``Manual``. Traced buffers whose type says nothing
+    (``Auto`` meshes) stay with the single-device ops; inside ``shard_map``
+    the local shard's mesh axes are ``Manual``, so the local ops take it, as
+    they must.
     """
     if _placement.is_concrete(x):
-        # A replicated buffer is as many whole copies: the local ops update
-        # each alike, eagerly as under jit (where its type says nothing sharded).
-        return len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated
+        sharding = x.sharding
+        if isinstance(sharding, NamedSharding) and _named_axes(sharding.spec):
+            return True
+        return len(sharding.device_set) > 1 and not sharding.is_fully_replicated
     if not hasattr(x, "aval"):
         return False
     sharding = getattr(jax.typeof(x), "sharding", None)
     mesh = getattr(sharding, "mesh", None)
-    if mesh is None or not any(entry is not None for entry in sharding.spec):
+    if mesh is None:
         return False
-    kinds = zip(mesh.axis_sizes, mesh.axis_types, strict=True)
-    return math.prod(size for size, kind in kinds if kind != _MANUAL) > 1
+    kinds = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
+    return any(kinds.get(name) != _MANUAL for name in _named_axes(sharding.spec))
+
+
+def _named_axes(spec) -> tuple[str, ...]:
+    """The mesh axes a ``PartitionSpec`` names, in order."""
+    names: list[str] = []
+    for entry in spec:
+        if entry is None or entry is P.UNCONSTRAINED:
+            continue
+        names.extend((entry,) if isinstance(entry, str) else entry)
+    return tuple(names)
 
 
 def _layout(x: Any) -> Layout:
@@ -112,19 +128,23 @@ def _layout(x: Any) -> Layout:
             "say how it is sharded; make the mesh with Explicit axes (jax.make_mesh's "
             "default) or call the op outside jit"
         )
-    if first is None or any(entry is not None for entry in spec[1:]):
+    # Mesh axes of size 1 split nothing: named on other axes, or only on them, they
+    # leave one shard along those axes (axis 0 unsplit: no axes, one shard).
+    size_one = all(mesh.shape[a] == 1 for a in _named_axes(spec))
+    if (first is None and not size_one) or any(
+            mesh.shape[a] > 1 for a in _named_axes(spec[1:])):
         raise ValueError(
             f"x is sharded as {sharding.spec} over mesh {dict(mesh.shape)}; the ops take a "
             "buffer sharded along axis 0 only, e.g. P('data'), other axes replicated"
         )
-    axes = (first,) if isinstance(first, str) else tuple(first)
+    axes = _named_axes(spec[:1])
     shards = math.prod(mesh.shape[a] for a in axes)
     if x.shape[0] % shards:
         raise ValueError(
             f"x has {x.shape[0]} rows, which {shards} shards (mesh axes {axes}) do not split "
             "evenly; pad the buffer to a multiple of the shard count"
         )
-    return Layout(mesh, axes, shards)
+    return Layout(mesh, axes, shards, P(*spec))
 
 
 def _same_mesh(a, b) -> bool:

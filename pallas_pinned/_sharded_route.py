@@ -80,6 +80,7 @@ class Layout:
     mesh: Any  # Mesh when concrete, AbstractMesh when traced.
     axes: tuple[str, ...]
     shards: int
+    spec: P  # The buffer's own; axes past the first name only mesh axes of size 1.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +106,18 @@ def replicated(a, layout: Layout):
     return lax.with_sharding_constraint(a, target)
 
 
+def _gathered(operands, layout: Layout):
+    """The index arrays on every device (numpy and Python values are constants already)."""
+    return jax.tree.map(
+        lambda a: replicated(a, layout) if isinstance(a, jax.Array | jax.core.Tracer) else a,
+        operands,
+    )
+
+
 def _local_rows(rows, layout: Layout, shard_rows: int):
     """This shard's local row numbers, ``shard_rows`` (dropped) for every other row."""
+    if not layout.axes:  # Axis 0 is not split: every row is this device's.
+        return rows, jnp.zeros((), rows.dtype)
     first = lax.axis_index(layout.axes).astype(rows.dtype) * shard_rows
     local = rows - first  # No overflow: rows >= int_min + num_rows after the wrap.
     owned = (local >= 0) & (local < shard_rows)
@@ -140,10 +151,12 @@ def write_traced(x, operands, updates, cfg: WriteConfig):
     plan = cfg.call.plan
     if plan.num_entries == 0 or x.size == 0:
         return x
-    operands = jax.tree.map(_placement.to_device_memory, operands)
+    # Every device computes every entry's row: index arrays sharded over the
+    # mesh (a data-parallel batch) are gathered first, as the rows would be.
+    operands = _gathered(operands, cfg.layout)
     rows = _global_rows(plan, operands, cfg.call.mode, read=False)
     updates = _write_rows.updates_2d(x.dtype, updates, plan.result_shape, plan.width)
-    spec = P(cfg.layout.axes)
+    spec = cfg.layout.spec
     # check_vma=False: the local ops stage kernels (pallas_call, also traced on
     # CPU under platform_dependent) whose outputs carry no varying-axes type.
     return jax.shard_map(
@@ -194,12 +207,12 @@ def gather_traced(x, operands, cfg: GatherConfig):
         # An empty axis is only allowed in fill mode (checked up front).
         out = jnp.full(out_shape, fill_value if x.size == 0 else 0, x.dtype)
         return replicated(_placement.read_nothing_of(x, out), cfg.layout)
-    operands = jax.tree.map(_placement.to_device_memory, operands)
+    operands = _gathered(operands, cfg.layout)  # As for the writes.
     rows = replicated(_global_rows(plan, operands, cfg.call.mode, read=True), cfg.layout)
     bits = jax.shard_map(
         functools.partial(_gather_shard, cfg),
         mesh=cfg.layout.mesh,
-        in_specs=(P(cfg.layout.axes), P()),
+        in_specs=(cfg.layout.spec, P()),
         out_specs=P(),
         check_vma=False,  # As for the writes; the psum makes the result replicated.
     )(x, rows)
@@ -229,4 +242,4 @@ def _gather_shard(cfg: GatherConfig, x_local, rows):
         bits = got.astype(bits_type)
     else:
         bits = lax.bitcast_convert_type(got, bits_type)
-    return lax.psum(bits, cfg.layout.axes)
+    return lax.psum(bits, cfg.layout.axes) if cfg.layout.axes else bits

@@ -111,6 +111,52 @@ _CHILD = textwrap.dedent(
                 jax.device_put(x0, NamedSharding(mixed, P(), memory_kind=kind)))
             assert np.asarray(out).tobytes() == np.asarray(theirs).tobytes(), (kind, index)
 
+    # Mesh axes of size 1 in the spec (one GPU running code written for several):
+    # the sharded layout with one shard, eagerly and under jit, the spec kept.
+    tall = rng.standard_normal((8, 2, 3)).astype(np.float32)
+    rows = np.array([1, 6, 1, -2], np.int32)
+    for shape, names, spec in (((1,), ("a",), P("a")), ((1, 4), ("a", "b"), P("a")),
+                               ((4, 1), ("a", "b"), P(None, "b"))):
+        small = jax.make_mesh(shape, names)
+        placed = NamedSharding(small, spec, memory_kind="pinned_host")
+        for method in ("set", "add", "min"):
+            theirs = getattr(jnp.asarray(tall).at[rows], method)(-1.5)
+            for call in (lambda x: getattr(pp.at(x)[rows], method)(-1.5),
+                         jax.jit(lambda x: getattr(pp.at(x)[rows], method)(-1.5),
+                                 donate_argnums=0)):
+                out = call(jax.device_put(tall, placed))
+                assert out.sharding.is_equivalent_to(placed, tall.ndim), (shape, out.sharding)
+                assert out.sharding.memory_kind == "pinned_host", (shape, out.sharding)
+                assert np.asarray(out).tobytes() == np.asarray(theirs).tobytes(), (shape, method)
+        got = jax.jit(lambda x: pp.at(x)[rows, 1].get())(jax.device_put(tall, placed))
+        assert np.asarray(got).tobytes() == tall[rows, 1].tobytes(), shape
+
+    # Indices and updates sharded over the mesh (a data-parallel batch): into a
+    # replicated buffer, and on an inner axis of a sharded one.
+    on_mesh = lambda a: jax.device_put(a, NamedSharding(mesh, P("data")))
+    i4, u4 = on_mesh(np.array([6, 2, -12, 6], np.int32)), on_mesh(np.arange(4.0, dtype=np.float32))
+    for kind, index, method, value in (("rows", i4, "set", u4), ("rows", i4, "min", -1.0),
+                                       ("block", slice(0, 4), "multiply", u4)):
+        theirs = getattr(jnp.asarray(x0[:, 0]).at[np.asarray(index) if kind == "rows" else index],
+                         method)(np.asarray(value))
+        for call in (lambda x: getattr(pp.at(x)[index], method)(value),
+                     jax.jit(lambda x: getattr(pp.at(x)[index], method)(value),
+                             donate_argnums=0)):
+            out = call(jax.device_put(x0[:, 0], replicated))
+            assert out.sharding.is_fully_replicated and out.sharding.memory_kind == "pinned_host"
+            assert np.asarray(out).tobytes() == np.asarray(theirs).tobytes(), (kind, method)
+    got = jax.jit(lambda x: pp.at(x)[i4].get())(jax.device_put(x0, replicated))
+    assert np.asarray(got).tobytes() == x0[np.asarray(i4)].tobytes()
+    inner = on_mesh(np.array([0, 2, 1, 0], np.int32))
+    theirs = jnp.asarray(y0).at[:, 1, np.asarray(inner)].set(-1.0)  # jnp refuses it sharded.
+    for call in (lambda y: pp.at(y)[:, 1, inner].set(-1.0),
+                 jax.jit(lambda y: pp.at(y)[:, 1, inner].set(-1.0), donate_argnums=0)):
+        out = call(jax.device_put(y0, sharded3))
+        assert np.asarray(out).tobytes() == np.asarray(theirs).tobytes()
+        assert out.sharding.is_equivalent_to(sharded3, y0.ndim), out.sharding
+    got = pp.at(jax.device_put(y0, sharded3))[:, 1, inner].get()
+    assert np.asarray(got).tobytes() == y0[:, 1, np.asarray(inner)].tobytes()
+
     # A write of constants inside an eager grad: its result stays inside, so x stays.
     x = jax.device_put(x0, sharded)
     jax.grad(lambda u: (pp.at(x)[1].set(7.0), jnp.sum(u))[1])(jnp.ones(2))
