@@ -42,7 +42,35 @@ def write(x: jax.Array, plan: IndexPlan, operands, updates, *, op: str, mode) ->
         # back unchanged when it does not fit (jnp drops the whole window).
         current = _current(x, starts, sizes) if current is None else current
         block = jnp.where(ok, block, current)
-    return lax.dynamic_update_slice(x, _placement.place_like(block, x), starts)
+    split = _split_axis(x, block)
+    if split is None:
+        return lax.dynamic_update_slice(x, _placement.place_like(block, x), starts)
+    # The block is all of x (its starts are 0): written in two parts, see _split_axis.
+    rest = lax.slice_in_dim(block, 1, x.shape[split], axis=split)
+    x = lax.dynamic_update_slice(
+        x, _placement.place_like(rest, x), tuple(int(a == split) for a in range(x.ndim))
+    )
+    first = lax.slice_in_dim(block, 0, 1, axis=split)
+    return lax.dynamic_update_slice(x, _placement.place_like(first, x), (0,) * x.ndim)
+
+
+def _split_axis(x, block) -> int | None:
+    """The axis to split a block as large as ``x`` along, on a mesh of ``Auto`` axes.
+
+    XLA replaces an update slice as large as its operand by the update, so its
+    result would take the update's sharding: on an ``Auto`` mesh (where ``x``'s
+    type does not say how it is sharded) a row-sharded buffer came back
+    replicated, every device holding all of it. Two update slices keep ``x``
+    as their operand, and its sharding. None: one update slice is right.
+    """
+    if block.shape != x.shape:
+        return None
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    auto = jax.sharding.AxisType.Auto
+    kinds = zip(getattr(mesh, "axis_sizes", ()), getattr(mesh, "axis_types", ()), strict=True)
+    if not any(size > 1 and kind == auto for size, kind in kinds):
+        return None
+    return next((a for a, size in enumerate(x.shape) if size > 1), None)
 
 
 def read(x: jax.Array, plan: IndexPlan, operands, *, mode, fill) -> jax.Array:

@@ -157,6 +157,18 @@ _CHILD = textwrap.dedent(
     got = pp.at(jax.device_put(y0, sharded3))[:, 1, inner].get()
     assert np.asarray(got).tobytes() == y0[:, 1, np.asarray(inner)].tobytes()
 
+    # An Auto mesh, under jit: a write of the whole buffer keeps it sharded (one update
+    # slice as large as x would come back with the update's sharding, replicated).
+    auto = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    on_auto = NamedSharding(auto, P("data"), memory_kind="pinned_host")
+    for index in (slice(None), Ellipsis, (slice(None), None)):
+        for method in ("set", "add"):
+            theirs = getattr(jnp.asarray(x0).at[index], method)(2.0)
+            out = jax.jit(lambda x: getattr(pp.at(x)[index], method)(2.0), donate_argnums=0)(
+                jax.device_put(x0, on_auto))
+            assert out.sharding.is_equivalent_to(on_auto, x0.ndim), (index, out.sharding)
+            assert np.asarray(out).tobytes() == np.asarray(theirs).tobytes(), (index, method)
+
     # A write of constants inside an eager grad: its result stays inside, so x stays.
     x = jax.device_put(x0, sharded)
     jax.grad(lambda u: (pp.at(x)[1].set(7.0), jnp.sum(u))[1])(jnp.ones(2))
