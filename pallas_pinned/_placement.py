@@ -29,9 +29,9 @@ __all__ = [
     "on_host",
     "place_like",
     "place_result",
-    "replicated_like",
     "platform_of",
     "read_nothing_of",
+    "replicated_like",
     "to_device_memory",
 ]
 

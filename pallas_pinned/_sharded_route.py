@@ -21,7 +21,8 @@ replicas). Implemented, all-gather routing:
 
 - route a write: every device receives ``(D-1)/D * n*(b+w)`` bytes (a ring
   all-gather of inputs sharded over the devices; a broadcast from one device
-  moves the same total) and holds ``n*(b+w)``;
+  moves the same total; ``b`` per index array where several index several
+  axes) and holds ``n*(b+w)``;
 - the local op then masks and sorts all ``n`` entries on every device
   (``O(n log n)`` work, ``~n*(b+4)`` bytes of keys), but each device writes
   only the rows it owns over PCIe (``~n/D*w`` for spread-out rows);
