@@ -85,9 +85,12 @@ def read_traced(x, operands, call: ReadCall):
     if x.size == 0:  # An indexed axis is empty: only fill modes get here (checked up front).
         fill = call.fill_value(x.dtype)
         return _placement.read_nothing_of(x, lax.full(out_shape, fill, x.dtype))
-    # Index arrays may live in host memory; the row arithmetic runs on the device,
-    # on every entry (sharded over a replicated buffer's mesh, they are gathered).
+    on_copies = _placement.on_each_copy(functools.partial(read_traced, call=call), x, operands)
+    if on_copies is not None:
+        return on_copies  # A replicated buffer on an Explicit mesh: see on_each_copy.
+    # Index arrays may live in host memory; the row arithmetic runs on the device.
     operands = jax.tree.map(_placement.to_device_memory, operands)
+    # Sharded over a mixed mesh's Explicit axes, they are gathered: every entry counts.
     operands = jax.tree.map(functools.partial(_placement.replicated_like, x), operands)
     # A block read is one copy in every mode (a fill applies on the device).
     impl = _registry.choose("get", plan.kind, x, plan.num_entries, call.backend, block_copy=True)

@@ -104,6 +104,10 @@ def write_traced(x, operands, updates, call: WriteCall):
     plan = call.plan
     if plan.num_entries == 0 or x.size == 0:
         return x
+    on_copies = _placement.on_each_copy(
+        functools.partial(write_traced, call=call), x, operands, updates)
+    if on_copies is not None:
+        return on_copies  # A replicated buffer on an Explicit mesh: see on_each_copy.
     if x.ndim == 0 and _placement.on_host(x):
         return _scalar_write(x, updates, call)
     # Index arrays may live in host memory; the row arithmetic runs on the device.

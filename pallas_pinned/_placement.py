@@ -25,13 +25,16 @@ from jax import lax
 
 __all__ = [
     "fix_memory_space",
+    "gathered",
     "is_concrete",
+    "on_each_copy",
     "on_host",
     "place_like",
     "place_result",
     "platform_of",
     "read_nothing_of",
     "replicated_like",
+    "same_mesh",
     "to_device_memory",
 ]
 
@@ -54,6 +57,13 @@ def to_device_memory(a: Any) -> Any:
     if isinstance(a, jax.Array | jax.core.Tracer) and on_host(a):
         return jax.device_put(a, jax.memory.Space.Device)
     return a
+
+
+def same_mesh(a, b) -> bool:
+    """Same axes; and the same devices in the same order when both are concrete."""
+    concrete = isinstance(a, jax.sharding.Mesh) and isinstance(b, jax.sharding.Mesh)
+    same_axes = a.axis_names == b.axis_names and a.axis_sizes == b.axis_sizes
+    return same_axes and (not concrete or bool((a.devices == b.devices).all()))
 
 
 def read_nothing_of(x: Any, out: Any) -> Any:
@@ -94,14 +104,18 @@ def place_like(a: Any, x: Any) -> Any:
 
 
 def replicated_like(x: Any, a: Any) -> Any:
-    """``a`` (an index array or the updates), replicated over ``x``'s mesh if sharded there.
+    """``a`` (an index array or the updates), gathered (:func:`gathered`) when ``x``'s
+    type carries a mesh with ``Explicit`` axes; else as it is."""
+    return a if _explicit_mesh(x) is None else gathered(a)
 
-    A replicated buffer on a mesh with ``Explicit`` axes has its type on that
-    mesh, and so do indices sharded over it (a data-parallel batch): the local
-    ops, which compare and sort whole index lists, need every entry on every
-    device. Anything else comes back as it is.
+
+def gathered(a: Any) -> Any:
+    """``a`` replicated over its mesh when its type shards it (a data-parallel batch of
+    indices); anything else as it is.
+
+    The ops compare and sort whole index lists: every device needs every entry.
     """
-    if _explicit_mesh(x) is None or not isinstance(a, jax.Array | jax.core.Tracer):
+    if not isinstance(a, jax.Array | jax.core.Tracer):
         return a
     sharding = getattr(jax.typeof(a), "sharding", None)
     mesh = getattr(sharding, "mesh", None)
@@ -109,6 +123,36 @@ def replicated_like(x: Any, a: Any) -> Any:
         return a
     return jax.sharding.reshard(to_device_memory(a), jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec()))
+
+
+def on_each_copy(fn, x: Any, *args: Any) -> Any | None:
+    """``fn(x, *args)`` run on every device's copy of ``x``, replicated over an
+    ``Explicit`` mesh; None where ``x``'s type carries no such mesh.
+
+    The local ops take whole arrays; typed on a mesh whose axes are all
+    ``Explicit``, every operation inside them would follow sharding-in-types
+    rules (a ``pallas_call`` wants its mesh axes ``Manual``; an update slice
+    its operands sharded alike). Inside ``shard_map`` over that mesh, each
+    device holds its copy and the ops run as on one device. Arguments sharded
+    over the mesh are gathered first; other values are constants of ``fn``.
+    """
+    mesh = _explicit_mesh(x)
+    explicit = jax.sharding.AxisType.Explicit
+    if mesh is None or any(t != explicit for t in mesh.axis_types):
+        return None  # Mixed meshes: a hidden Auto axis may shard x (place_like covers them).
+    leaves, tree = jax.tree.flatten(args)
+    arrays = [isinstance(a, jax.Array | jax.core.Tracer) for a in leaves]
+
+    def body(x_copy, *array_leaves):
+        it = iter(array_leaves)
+        return fn(x_copy, *tree.unflatten([next(it) if is_array else leaf
+                                           for leaf, is_array in zip(leaves, arrays, strict=True)]))
+
+    passed = [replicated_like(x, a) for a, is_array in zip(leaves, arrays, strict=True) if is_array]
+    spec = jax.sharding.PartitionSpec()
+    # check_vma=False: the ops stage kernels whose outputs carry no varying-axes type.
+    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)(
+        x, *passed)
 
 
 def place_result(out: jax.Array, x: jax.Array) -> jax.Array:

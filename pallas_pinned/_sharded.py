@@ -147,13 +147,6 @@ def _layout(x: Any) -> Layout:
     return Layout(mesh, axes, shards, P(*spec))
 
 
-def _same_mesh(a, b) -> bool:
-    """Same axes; and the same devices in the same order when both are concrete."""
-    concrete = isinstance(a, jax.sharding.Mesh) and isinstance(b, jax.sharding.Mesh)
-    same_axes = a.axis_names == b.axis_names and a.axis_sizes == b.axis_sizes
-    return same_axes and (not concrete or bool((a.devices == b.devices).all()))
-
-
 def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
     """``a`` replicated over the buffer's mesh when concrete, or a clear refusal.
 
@@ -161,7 +154,7 @@ def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
     """
     if isinstance(a, jax.core.Tracer):
         mesh = getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None)
-        if mesh is not None and mesh.axis_names and not _same_mesh(mesh, layout.mesh):
+        if mesh is not None and mesh.axis_names and not _placement.same_mesh(mesh, layout.mesh):
             raise ValueError(
                 f"{name} is traced on mesh {dict(mesh.shape)} but x on "
                 f"{dict(layout.mesh.shape)}; use the buffer's mesh"
@@ -178,7 +171,7 @@ def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
             )
         if len(devices) > 1:
             named = isinstance(a.sharding, NamedSharding)
-            if not (named and _same_mesh(a.sharding.mesh, layout.mesh)):
+            if not (named and _placement.same_mesh(a.sharding.mesh, layout.mesh)):
                 raise ValueError(
                     f"{name} is sharded over another mesh than x ({a.sharding} against "
                     f"{dict(layout.mesh.shape)}); put it on x's mesh or on one of its devices"

@@ -108,7 +108,8 @@ def replicated(a, layout: Layout):
 
 
 def _gathered(operands, layout: Layout):
-    """The index arrays on every device (numpy and Python values are constants already)."""
+    """The arrays among ``operands`` on every device (numpy and Python values are
+    constants already)."""
     return jax.tree.map(
         lambda a: replicated(a, layout) if isinstance(a, jax.Array | jax.core.Tracer) else a,
         operands,
@@ -152,9 +153,9 @@ def write_traced(x, operands, updates, cfg: WriteConfig):
     plan = cfg.call.plan
     if plan.num_entries == 0 or x.size == 0:
         return x
-    # Every device computes every entry's row: index arrays sharded over the
-    # mesh (a data-parallel batch) are gathered first, as the rows would be.
-    operands = _gathered(operands, cfg.layout)
+    # Every device computes every entry's row: index arrays and updates sharded
+    # over the mesh (a data-parallel batch) are gathered first, as the rows would be.
+    operands, updates = _gathered((operands, updates), cfg.layout)
     rows = _global_rows(plan, operands, cfg.call.mode, read=False)
     updates = _write_rows.updates_2d(x.dtype, updates, plan.result_shape, plan.width)
     spec = cfg.layout.spec

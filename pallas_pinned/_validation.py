@@ -102,11 +102,21 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
     if not _placement.is_concrete(x):
         return
     for name, other in others:
-        if (_placement.is_concrete(other) and other.committed
-                and other.sharding.device_set != x.sharding.device_set):
+        if not (_placement.is_concrete(other) and other.committed):
+            continue
+        if other.sharding.device_set != x.sharding.device_set:
             raise ValueError(
                 f"{name} is on {sorted(map(str, other.sharding.device_set))} but x is on "
                 f"{sorted(map(str, x.sharding.device_set))}; move it with jax.device_put first"
+            )
+        theirs, ours = other.sharding, x.sharding
+        if (len(theirs.device_set) > 1 and isinstance(theirs, jax.sharding.NamedSharding)
+                and isinstance(ours, jax.sharding.NamedSharding)
+                and not _placement.same_mesh(theirs.mesh, ours.mesh)):
+            raise ValueError(
+                f"{name} is sharded over another mesh than x ({theirs} against "
+                f"{dict(ours.mesh.shape)}); put it on x's mesh, e.g. jax.device_put({name}, "
+                "NamedSharding(x.sharding.mesh, P()))"
             )
 
 

@@ -89,6 +89,8 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _sort(indices, num_rows: int, mode: str | None, rank_max: int):
-    # Index arrays may live in host memory; the ordering runs on the device.
-    rows = _rows.normalize_rows(_placement.to_device_memory(indices), num_rows, mode)
+    # Index arrays may live in host memory; the ordering runs on the device, over
+    # every entry (sharded over a mesh, they are gathered).
+    indices = _placement.gathered(_placement.to_device_memory(indices))
+    rows = _rows.normalize_rows(indices, num_rows, mode)
     return _rows.stable_order(rows, small_max=rank_max)

@@ -157,6 +157,32 @@ _CHILD = textwrap.dedent(
     got = pp.at(jax.device_put(y0, sharded3))[:, 1, inner].get()
     assert np.asarray(got).tobytes() == y0[:, 1, np.asarray(inner)].tobytes()
 
+    # Updates sharded over the mesh, reshaped to the rows (they are gathered first);
+    # sort_indices of sharded ids; the interpreted kernels on a replicated buffer.
+    u_rows = on_mesh(rng.standard_normal((4, 6, 5)).astype(np.float32))
+    distinct = on_mesh(np.array([6, 2, 4, 0], np.int32))
+    theirs = jnp.asarray(y0).at[np.asarray(distinct)].add(np.asarray(u_rows))
+    out = pp.at(jax.device_put(y0, sharded3))[distinct].add(u_rows)
+    assert np.asarray(out).tobytes() == np.asarray(theirs).tobytes()
+    ids_sorted, order = pp.sort_indices(on_mesh(np.array([3, 1, 3, 0], np.int32)), 64)
+    assert np.asarray(ids_sorted).tolist() == [0, 1, 3, 3]
+    assert np.asarray(order).tolist() == [3, 1, 0, 2]
+    for index in (np.asarray(i4), jax.device_put(np.asarray(i4), NamedSharding(mesh, P())), i4):
+        out = pp.at(jax.device_put(x0, replicated))[index].add(1.0, backend="interpret")
+        assert np.asarray(out).tobytes() == np.asarray(
+            jnp.asarray(x0).at[np.asarray(i4)].add(1.0)).tobytes()
+    # An index sharded over another mesh of the same devices: refused, x intact.
+    other = jax.make_mesh((4,), ("o",))
+    for sharding in (replicated, sharded):
+        x = jax.device_put(x0, sharding)
+        try:
+            pp.at(x)[jax.device_put(np.asarray(i4), NamedSharding(other, P("o")))].set(0.0)
+        except ValueError as err:
+            assert "another mesh than x" in str(err), err
+        else:
+            raise AssertionError("an index on another mesh was taken")
+        assert not x.is_deleted() and np.asarray(x).tobytes() == x0.tobytes()
+
     # An Auto mesh, under jit: a write of the whole buffer keeps it sharded (one update
     # slice as large as x would come back with the update's sharding, replicated).
     auto = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
