@@ -169,15 +169,19 @@ def _updates_vjp(call: WriteCall, residuals, cotangent):
     flat = _placement.to_device_memory(cotangent).reshape(plan.num_rows, plan.width)
     picked = gather_rows_reference(flat, rows)
     if call.op == "set":
-        kept_sorted, src = _rows.dedupe_last_wins(rows, plan.num_rows)
-        survives = jnp.zeros(rows.shape, bool).at[src].set(
-            _rows.rows_in_range(kept_sorted, plan.num_rows), unique_indices=True
-        )
-        picked = jnp.where(survives[:, None], picked, 0)
-    return _transpose_to_updates(picked.reshape(plan.result_shape), updates)
+        picked = jnp.where(winners(rows, plan.num_rows)[:, None], picked, 0)
+    return transpose_to_updates(picked.reshape(plan.result_shape), updates)
 
 
-def _transpose_to_updates(picked: jax.Array, updates: jax.Array) -> jax.Array:
+def winners(rows: jax.Array, num_rows: int) -> jax.Array:
+    """Which entries a set writes: the last of each row in range."""
+    kept_sorted, src = _rows.dedupe_last_wins(rows, num_rows)
+    return jnp.zeros(rows.shape, bool).at[src].set(
+        _rows.rows_in_range(kept_sorted, num_rows), unique_indices=True
+    )
+
+
+def transpose_to_updates(picked: jax.Array, updates: jax.Array) -> jax.Array:
     """Undoes the forward's cast to the buffer's dtype and its broadcast (sums, casts back)."""
     _, to_updates = jax.vjp(
         lambda u: jnp.broadcast_to(u.astype(picked.dtype), picked.shape), updates
@@ -195,7 +199,7 @@ def _vmap_message(op_name: str) -> str:
     )
 
 
-def _grad_message(op_name: str, what: str) -> str:
+def grad_message(op_name: str, what: str) -> str:
     if what == "x":
         return (
             f"{op_name} is not differentiable with respect to the buffer x: its cotangent "
@@ -231,9 +235,9 @@ def _with_rules(call: WriteCall):
         # symbolic_zeros: each argument says whether it is being differentiated,
         # so refusals come while tracing, before anything runs.
         if x.perturbed:
-            raise TypeError(_grad_message(op_name, "x"))
+            raise TypeError(grad_message(op_name, "x"))
         if updates.perturbed and call.op not in ("set", "add"):
-            raise TypeError(_grad_message(op_name, "updates"))
+            raise TypeError(grad_message(op_name, "updates"))
         operands = tuple(primal.value for primal in operands)
         out = unbatched(x.value, operands, updates.value)
         return out, (x.value.shape, operands, updates.value)

@@ -51,7 +51,7 @@ from pallas_pinned._sharded_route import (
     eager_write,
     gather_jit,
     gather_traced,
-    write_traced,
+    write_differentiable,
 )
 
 __all__ = ["gather", "is_sharded_buffer", "scatter", "scatter_add", "write"]
@@ -208,7 +208,7 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
     )
     cfg = WriteConfig(layout, call)
     if traced:
-        return write_traced(x, operands, updates, cfg)
+        return write_differentiable(x, operands, updates, cfg)
     if plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write: the buffer stays as it is, not consumed.
     donate = _local_write.may_donate(operands, updates)

@@ -132,8 +132,64 @@ def _local_rows(rows, layout: Layout, shard_rows: int):
 @functools.cache
 def eager_write(sharding, donate: bool):
     """The eager write: x donated (unless ``donate`` is False), the result placed where x is."""
-    return jax.jit(write_traced, static_argnums=(3,), donate_argnums=(0,) if donate else (),
+    return jax.jit(write_differentiable, static_argnums=(3,), donate_argnums=(0,) if donate else (),
                    out_shardings=sharding)
+
+
+def write_differentiable(x, operands, updates, cfg: WriteConfig):
+    """:func:`write_traced` with the local writes' gradient rules (see :func:`_with_rules`)."""
+    return _with_rules(cfg)(x, operands, updates)
+
+
+@functools.cache
+def _with_rules(cfg: WriteConfig):
+    """The write, differentiable with respect to the updates for set and add, as the
+    local write is; the gradient for ``x`` and for the other ops is refused alike."""
+    op_name = _local_write.OP_NAMES[cfg.call.op]
+
+    @jax.custom_vjp
+    def op(x, operands, updates):
+        return write_traced(x, operands, updates, cfg)
+
+    def fwd(x, operands, updates):
+        if x.perturbed:
+            raise TypeError(_local_write.grad_message(op_name, "x"))
+        if updates.perturbed and cfg.call.op not in ("set", "add"):
+            raise TypeError(_local_write.grad_message(op_name, "updates"))
+        operands = tuple(primal.value for primal in operands)
+        return write_traced(x.value, operands, updates.value, cfg), (operands, updates.value)
+
+    def bwd(residuals, cotangent):
+        return None, None, _updates_cotangent(cfg, *residuals, cotangent)
+
+    op.defvjp(fwd, bwd, symbolic_zeros=True)
+    return op
+
+
+def _updates_cotangent(cfg: WriteConfig, operands, updates, cotangent):
+    """Each update's cotangent: its row's, read on the row's owner (set: if it won)."""
+    plan = cfg.call.plan
+    operands, updates = _gathered((operands, updates), cfg.layout)
+    rows = replicated(_global_rows(plan, operands, cfg.call.mode, read=False), cfg.layout)
+    cotangent = _placement.to_device_memory(cotangent)
+    bits = jax.shard_map(
+        functools.partial(_cotangent_shard, cfg), mesh=cfg.layout.mesh,
+        in_specs=(cfg.layout.spec, P()), out_specs=P(), check_vma=False,
+    )(cotangent, rows)
+    picked = lax.bitcast_convert_type(bits, cotangent.dtype)
+    if cfg.call.op == "set":
+        picked = jnp.where(_local_write.winners(rows, plan.num_rows)[:, None], picked, 0)
+    return _local_write.transpose_to_updates(picked.reshape(plan.result_shape), updates)
+
+
+def _cotangent_shard(cfg: WriteConfig, cotangent_local, rows):
+    view_rows = cfg.call.plan.num_rows // cfg.layout.shards
+    local, _ = _local_rows(rows, cfg.layout, view_rows)
+    flat = cotangent_local.reshape(view_rows, cfg.call.plan.width)
+    got = jnp.take(flat, local, axis=0, mode="fill", fill_value=0)
+    # Each row comes from one shard: a sum of bit patterns is exact (-0.0 included).
+    bits = lax.bitcast_convert_type(got, _bits_dtype(got.dtype))
+    return lax.psum(bits, cfg.layout.axes) if cfg.layout.axes else bits
 
 
 def _global_rows(plan: IndexPlan, operands, mode, *, read: bool):

@@ -183,6 +183,32 @@ _CHILD = textwrap.dedent(
             raise AssertionError("an index on another mesh was taken")
         assert not x.is_deleted() and np.asarray(x).tobytes() == x0.tobytes()
 
+    # jax.grad with respect to the updates of a sharded buffer, as for one device (the
+    # mesh set: jax.grad's own ones for the loss need it, for jnp's arrays as well).
+    w = jnp.arange(64.0)[:, None] + jnp.ones(3)
+    u3 = jnp.asarray(upd[:8])
+    with jax.set_mesh(mesh):
+        for method in ("set", "add"):
+            for layout in (sharded, replicated):
+                x = jax.device_put(x0, layout)
+                ours = lambda u: jnp.sum(jax.device_put(getattr(pp.at(x)[idx[:8]], method)(
+                    u, mode="drop"), jax.memory.Space.Device) * w)
+                theirs = lambda u: jnp.sum(getattr(jnp.asarray(x0).at[idx[:8]], method)(
+                    u, mode="drop") * w)
+                for got in (jax.grad(ours)(u3), jax.jit(jax.grad(ours))(u3)):
+                    assert np.asarray(got).tobytes() == np.asarray(jax.grad(theirs)(u3)).tobytes()
+                assert not x.is_deleted() and np.asarray(x).tobytes() == x0.tobytes()
+        x = jax.device_put(x0, sharded)
+        for call, what in ((lambda u: pp.at(x)[idx[:8]].min(u), "differentiable with respect"),
+                           (lambda u: pp.at(u)[idx[:8]].set(1.0), "buffer x")):
+            try:
+                jax.grad(lambda u: jnp.sum(jax.device_put(call(u), jax.memory.Space.Device)))(
+                    u3 if what != "buffer x" else x)
+            except TypeError as err:
+                assert what in str(err), err
+            else:
+                raise AssertionError(f"grad taken: {what}")
+
     # An Auto mesh, under jit: a write of the whole buffer keeps it sharded (one update
     # slice as large as x would come back with the update's sharding, replicated).
     auto = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
