@@ -169,6 +169,7 @@ def _with_rules(cfg: WriteConfig):
 def _updates_cotangent(cfg: WriteConfig, operands, updates, cotangent):
     """Each update's cotangent: its row's, read on the row's owner (set: if it won)."""
     plan = cfg.call.plan
+    given = updates
     operands, updates = _gathered((operands, updates), cfg.layout)
     rows = replicated(_global_rows(plan, operands, cfg.call.mode, read=False), cfg.layout)
     cotangent = _placement.to_device_memory(cotangent)
@@ -179,7 +180,12 @@ def _updates_cotangent(cfg: WriteConfig, operands, updates, cotangent):
     picked = lax.bitcast_convert_type(bits, cotangent.dtype)
     if cfg.call.op == "set":
         picked = jnp.where(_local_write.winners(rows, plan.num_rows)[:, None], picked, 0)
-    return _local_write.transpose_to_updates(picked.reshape(plan.result_shape), updates)
+    cotangent = _local_write.transpose_to_updates(picked.reshape(plan.result_shape), updates)
+    # Typed as the updates were: sharded over the mesh, the cotangent is too.
+    sharding = getattr(jax.typeof(given), "sharding", None)
+    if getattr(sharding, "mesh", None) is None or sharding.mesh.empty:
+        return cotangent
+    return jax.sharding.reshard(cotangent, sharding)
 
 
 def _cotangent_shard(cfg: WriteConfig, cotangent_local, rows):
