@@ -85,9 +85,16 @@ def read_traced(x, operands, call: ReadCall):
     if x.size == 0:  # An indexed axis is empty: only fill modes get here (checked up front).
         fill = call.fill_value(x.dtype)
         return _placement.read_nothing_of(x, lax.full(out_shape, fill, x.dtype))
-    on_copies = _placement.on_each_copy(functools.partial(read_traced, call=call), x, operands)
+    on_copies = _placement.on_each_copy(functools.partial(_read_copy, call=call), x, operands)
     if on_copies is not None:
         return on_copies  # A replicated buffer on an Explicit mesh: see on_each_copy.
+    return _read_copy(x, operands, call)
+
+
+def _read_copy(x, operands, call: ReadCall):
+    """:func:`read_traced` of one whole array (a device's copy, or the only one)."""
+    plan = call.plan
+    out_shape = plan.result_shape
     # Index arrays may live in host memory; the row arithmetic runs on the device.
     operands = jax.tree.map(_placement.to_device_memory, operands)
     # Sharded over a mixed mesh's Explicit axes, they are gathered: every entry counts.

@@ -105,9 +105,15 @@ def write_traced(x, operands, updates, call: WriteCall):
     if plan.num_entries == 0 or x.size == 0:
         return x
     on_copies = _placement.on_each_copy(
-        functools.partial(write_traced, call=call), x, operands, updates)
+        functools.partial(_write_copy, call=call), x, operands, updates)
     if on_copies is not None:
         return on_copies  # A replicated buffer on an Explicit mesh: see on_each_copy.
+    return _write_copy(x, operands, updates, call)
+
+
+def _write_copy(x, operands, updates, call: WriteCall):
+    """:func:`write_traced` of one whole array (a device's copy, or the only one)."""
+    plan = call.plan
     if x.ndim == 0 and _placement.on_host(x):
         return _scalar_write(x, updates, call)
     # Index arrays may live in host memory; the row arithmetic runs on the device.
