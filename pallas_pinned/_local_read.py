@@ -205,8 +205,10 @@ def _guarded(read_fn, tangent_fn, fold=None):
 
 def _fold_rows(read, axis_size, x2d, rows, rows_batched):
     # Only the indices are batched: one read over all of them.
-    flat = read(x2d, rows.reshape(-1))
-    return flat.reshape(axis_size, rows.shape[1], x2d.shape[1])
+    shape = (axis_size, rows.shape[1], x2d.shape[1])
+    if rows.size == 0:  # An empty batch: no kernel gets zero rows to read.
+        return _placement.read_nothing_of(x2d, jnp.zeros(shape, x2d.dtype))
+    return read(x2d, rows.reshape(-1)).reshape(shape)
 
 
 @functools.cache

@@ -67,6 +67,9 @@ def test_vmap_of_gather_over_indices_is_one_call(backend, kind):
     check_gather(out, X0, np.asarray(idx), "fill")
     out = jax.jit(jax.vmap(lambda i: gather_from_host(x, i, backend=backend), 1, 1))(idx)
     check_gather(out, X0, np.asarray(idx))
+    # An empty batch reads nothing: no kernel is given zero rows.
+    out = jax.vmap(lambda i: gather_from_host(x, i, backend=backend))(jnp.zeros((0,), jnp.int32))
+    assert out.shape == (0,) + X0.shape[1:] and out.dtype == X0.dtype
 
 
 @pytest.mark.parametrize("kind", ["pinned_host", "device"])
