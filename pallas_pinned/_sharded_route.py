@@ -172,12 +172,10 @@ def _updates_cotangent(cfg: WriteConfig, operands, updates, cotangent):
     given = updates
     operands, updates = _gathered((operands, updates), cfg.layout)
     rows = replicated(_global_rows(plan, operands, cfg.call.mode, read=False), cfg.layout)
-    cotangent = _placement.to_device_memory(cotangent)
-    bits = jax.shard_map(
-        functools.partial(_cotangent_shard, cfg), mesh=cfg.layout.mesh,
-        in_specs=(cfg.layout.spec, P()), out_specs=P(), check_vma=False,
-    )(cotangent, rows)
-    picked = lax.bitcast_convert_type(bits, cotangent.dtype)
+    picked = _read_on_owners(
+        cfg, _placement.to_device_memory(cotangent), rows,
+        lambda flat, local: jnp.take(flat, local, axis=0, mode="fill", fill_value=0),
+    )
     if cfg.call.op == "set":
         picked = jnp.where(_local_write.winners(rows, plan.num_rows)[:, None], picked, 0)
     cotangent = _local_write.transpose_to_updates(picked.reshape(plan.result_shape), updates)
@@ -186,16 +184,6 @@ def _updates_cotangent(cfg: WriteConfig, operands, updates, cotangent):
     if getattr(sharding, "mesh", None) is None or sharding.mesh.empty:
         return cotangent
     return jax.sharding.reshard(cotangent, sharding)
-
-
-def _cotangent_shard(cfg: WriteConfig, cotangent_local, rows):
-    view_rows = cfg.call.plan.num_rows // cfg.layout.shards
-    local, _ = _local_rows(rows, cfg.layout, view_rows)
-    flat = cotangent_local.reshape(view_rows, cfg.call.plan.width)
-    got = jnp.take(flat, local, axis=0, mode="fill", fill_value=0)
-    # Each row comes from one shard: a sum of bit patterns is exact (-0.0 included).
-    bits = lax.bitcast_convert_type(got, _bits_dtype(got.dtype))
-    return lax.psum(bits, cfg.layout.axes) if cfg.layout.axes else bits
 
 
 def _global_rows(plan: IndexPlan, operands, mode, *, read: bool):
@@ -273,17 +261,7 @@ def gather_traced(x, operands, cfg: GatherConfig):
         return replicated(_placement.read_nothing_of(x, out), cfg.layout)
     operands = _gathered(operands, cfg.layout)  # As for the writes.
     rows = replicated(_global_rows(plan, operands, cfg.call.mode, read=True), cfg.layout)
-    bits = jax.shard_map(
-        functools.partial(_gather_shard, cfg),
-        mesh=cfg.layout.mesh,
-        in_specs=(cfg.layout.spec, P()),
-        out_specs=P(),
-        check_vma=False,  # As for the writes; the psum makes the result replicated.
-    )(x, rows)
-    if x.dtype == jnp.bool_:
-        out = bits.astype(bool)
-    else:
-        out = lax.bitcast_convert_type(bits, x.dtype)
+    out = _read_on_owners(cfg, x, rows, functools.partial(_read_shard, cfg))
     if fill_mode:
         # lax.full_like converts as jnp's own fill does (e.g. 1000 wraps in int8).
         fill = lax.full_like(out, fill_value)
@@ -291,19 +269,39 @@ def gather_traced(x, operands, cfg: GatherConfig):
     return replicated(out.reshape(out_shape), cfg.layout)
 
 
-def _gather_shard(cfg: GatherConfig, x_local, rows):
-    view_rows = cfg.call.plan.num_rows // cfg.layout.shards
-    local, _ = _local_rows(rows, cfg.layout, view_rows)
-    x2d = x_local.reshape(view_rows, cfg.call.plan.width)
+def _read_shard(cfg: GatherConfig, x2d, local):
     plan, operands = _index_parse.parse(local, x2d.shape, "fill")
     # "fill" with 0: rows of other shards are not read and give all-zero bits.
     call = dataclasses.replace(
         cfg.call, plan=plan, mode="fill", fill=_validation.StaticScalar(0)
     )
-    got = _local_read.read_traced(x2d, operands, call).reshape(local.shape[0], -1)
-    bits_type = _bits_dtype(x_local.dtype)
-    if x_local.dtype == jnp.bool_:
-        bits = got.astype(bits_type)
-    else:
-        bits = lax.bitcast_convert_type(got, bits_type)
-    return lax.psum(bits, cfg.layout.axes) if cfg.layout.axes else bits
+    return _local_read.read_traced(x2d, operands, call).reshape(local.shape[0], -1)
+
+
+def _read_on_owners(cfg, source, rows, read_local):
+    """The rows ``rows`` (global, replicated) of ``source`` (sharded as the buffer),
+    each read on its owner by ``read_local(flat_shard, local_rows)``, which gives zeros
+    for rows of other shards; replicated.
+
+    The shards' reads are combined by bit pattern: each row comes from one shard,
+    so the integer sum is exact, NaN payloads and ``-0.0`` included.
+    """
+    layout, plan = cfg.layout, cfg.call.plan
+    view_rows = plan.num_rows // layout.shards
+    bits_type = _bits_dtype(source.dtype)
+
+    def shard(source_local, rows):
+        local, _ = _local_rows(rows, layout, view_rows)
+        got = read_local(source_local.reshape(view_rows, plan.width), local)
+        if got.dtype == jnp.bool_:
+            bits = got.astype(bits_type)
+        else:
+            bits = lax.bitcast_convert_type(got, bits_type)
+        return lax.psum(bits, layout.axes) if layout.axes else bits
+
+    # check_vma=False, as for the writes; the psum makes the result replicated.
+    bits = jax.shard_map(shard, mesh=layout.mesh, in_specs=(layout.spec, P()), out_specs=P(),
+                         check_vma=False)(source, rows)
+    if source.dtype == jnp.bool_:
+        return bits.astype(bool)
+    return lax.bitcast_convert_type(bits, source.dtype)
