@@ -1,7 +1,7 @@
 # Lab A/B written in session 16 (2026-12-05, no GPU lent): relaxed atomics for the owner write.
 #
-# On the H200, from the repository root, one call (about 6 min; its timeouts sum to 530 s after the install):
-#     bash docs/lab/relaxed_ab.sh   (logs under $OUT: five files)
+# On the H200, from the repository root, one call (about 6 min; its timeouts sum to 560 s after the install):
+#     bash docs/lab/relaxed_ab.sh   (under $OUT: five logs, versions.log and two records)
 # It runs the GPU suite on the tree (the first since ebdf8bb: the owner write's per-row choice,
 # the relaxed option, the index fixes of session 15), then atomic_add_probe.py --part relaxed
 # (the loop sizes; predictions in its docstring), then the one-shot gather/add benchmark with
@@ -24,12 +24,15 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 bash benchmarks/gpu_session.sh nostage > "$OUT/install.log" 2>&1
 export PYTHONPATH=/tmp/site
 stamp() { echo "== $1 $(date -u +%H:%M:%S)"; }
-{ stamp gpu_suite; timeout 150 python3 -m pytest tests -m gpu -q -p no:cacheprovider -n 8 \
+{ stamp gpu_suite; timeout 190 python3 -m pytest tests -m gpu -q -p no:cacheprovider -n 8 \
     --timeout 120 2>&1 | tail -15; } > "$OUT/gpu_tests.log" 2>&1
-{ stamp probe; PYTHONPATH=/tmp/site:.:docs/lab timeout 180 python3 docs/lab/atomic_add_probe.py \
+{ stamp probe; PYTHONPATH=/tmp/site:.:docs/lab timeout 170 python3 docs/lab/atomic_add_probe.py \
     --part relaxed --xla-option xla_gpu_graph_min_graph_size=1; } > "$OUT/relaxed_probe.log" 2>&1
 { stamp defaults; timeout 100 python3 -m benchmarks.gather_add --quick --out /tmp/ga_default; } \
   > "$OUT/gather_add_default.log" 2>&1
 { stamp relaxed; PALLAS_PINNED_TUNING="relaxed_atomics=true" timeout 100 \
     python3 -m benchmarks.gather_add --quick --out /tmp/ga_relaxed; } \
   > "$OUT/gather_add_relaxed.log" 2>&1
+# The two records, for the commit (eight files come back: these, the five logs, versions.log).
+cp /tmp/ga_default/gather_add.json "$OUT/gather_add_default.json" 2>/dev/null
+cp /tmp/ga_relaxed/gather_add.json "$OUT/gather_add_relaxed.json" 2>/dev/null
