@@ -112,6 +112,11 @@ def _expand(index: Any, ndim: int) -> tuple[list, int | None]:
     when the ellipsis stands for no axis, so its position is kept.
     """
     items = list(index) if isinstance(index, tuple) else [index]
+    for it in items:
+        # Before the axis count: numpy's bool scalar uses no axis, so "too many
+        # indices" would name the wrong fault.
+        if isinstance(it, (bool, np.bool_)):
+            raise TypeError(f"indices must be integers, got the bool {it!r}; {MASK_ADVICE}")
     ellipses = [k for k, it in enumerate(items) if it is Ellipsis]
     if len(ellipses) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
@@ -166,6 +171,7 @@ def parse(
     static_ds_as_slice = (
         read and not arrays and (unit_steps or not dynamic)
         and mode in (None, "clip", "promise_in_bounds")
+        and (unit_steps or _static_ints_fit(expanded, shape, mode))
     )
     for it in expanded:
         if it is None:
@@ -178,6 +184,25 @@ def parse(
     if plan.kind == "axis0" and plan.items[0].kind == "slice":
         operands = [np.arange(*plan.items[0].static, dtype=index_dtype())]
     return plan, tuple(operands)
+
+
+def _static_ints_fit(expanded: list, shape: tuple[int, ...], mode: str | None) -> bool:
+    """Whether jnp's static-slice read takes these static ints.
+
+    Outside ``mode="clip"`` it checks them first, and an int out of range (or
+    any int on an empty axis) sends a strided index to its gather, which reads
+    a ``jax.ds`` as its positions, each clamped, not as a Python slice.
+    """
+    axis = 0
+    for it in expanded:
+        if it is None:
+            continue
+        if isinstance(it, (int, np.integer)):
+            dim = shape[axis]
+            if dim == 0 or (mode != "clip" and not -dim <= int(it) < dim):
+                return False
+        axis += 1
+    return True
 
 
 def _item(

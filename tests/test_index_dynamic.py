@@ -367,3 +367,19 @@ def test_a_strided_ds_may_reach_past_its_axis(traced, mode):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     with pytest.raises(ValueError, match="does not fit axis 1 of length 4"):
         pallas_pinned.at(pinned(x0))[:, jax.ds(jnp.int32(0), 5)].get()
+
+
+@pytest.mark.parametrize("mode", [None, "clip", "promise_in_bounds", "fill"])
+def test_a_read_takes_a_static_strided_ds_as_jnp_does_beside_any_int(mode):
+    # jnp's static-slice read takes jax.ds(start, size, stride) as the slice
+    # start:start + size:stride, but outside "clip" it first checks the static
+    # ints: one out of range sends the index to its gather, which reads the ds
+    # as its positions, each clamped (a (2, 4) result here, not (1, 4)).
+    a = np.arange(48, dtype=np.float32).reshape(4, 3, 4)
+    for ds in (jax.ds(2, 2, 2), jax.ds(0, 3, 2), jax.ds(-3, 2, 3)):
+        for k in (0, 2, -1, -3, 3, 5, -4, -9):
+            for index in ((ds, k), (ds, ..., k), (ds, None, k), (k, ds), (k % 4, ds)):
+                got = pallas_pinned.at(pinned(a))[index].get(mode=mode)
+                want = jnp.asarray(a).at[index].get(mode=mode)
+                np.testing.assert_array_equal(
+                    np.asarray(got), np.asarray(want), err_msg=f"{index} {mode}")

@@ -158,3 +158,15 @@ def test_a_single_index_into_an_empty_axis_is_refused_like_jnp(method, index):
             ref = pallas_pinned.at(x)[index]
             ref.get(mode=mode) if method == "get" else ref.set(1.0, mode=mode)
         assert not x.is_deleted()
+
+
+@pytest.mark.parametrize("index", [(0, True, 1), (np.bool_(False), 0, 1, 2), (True, ...)])
+def test_a_bool_anywhere_in_a_tuple_is_refused_as_a_mask(rng, index):
+    # numpy's bool scalar uses no axis: counted as one, (0, True, 1) would be
+    # refused as "too many indices" on this 3-D buffer, naming the wrong fault.
+    a = buffer_values(rng, SHAPE, np.float32)
+    x = pinned(a)
+    for method in ("get", "set", "add"):
+        with pytest.raises(TypeError, match="boolean masks are not supported"):
+            _call(x, index, method)
+        _assert_untouched(x, a, f"{method} with {describe(index)}")
