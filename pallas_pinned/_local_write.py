@@ -205,7 +205,7 @@ def _vmap_message(op_name: str) -> str:
     )
 
 
-def grad_message(op_name: str, what: str) -> str:
+def _grad_message(op_name: str, what: str) -> str:
     if what == "x":
         return (
             f"{op_name} is not differentiable with respect to the buffer x: its cotangent "
@@ -219,6 +219,16 @@ def grad_message(op_name: str, what: str) -> str:
         "old = pallas_pinned.gather_from_host(x, i), and write them with scatter_to_host "
         "outside the differentiated function"
     )
+
+
+def refuse_gradients(op: str, x, updates) -> None:
+    """Refuses a gradient the write has no rule for: ``x``'s, and the updates' but for
+    set and add. ``x`` and ``updates`` are ``custom_vjp``'s symbolic-zero primals, each
+    saying whether it is differentiated, so the refusal comes while tracing."""
+    if x.perturbed:
+        raise TypeError(_grad_message(OP_NAMES[op], "x"))
+    if updates.perturbed and op not in ("set", "add"):
+        raise TypeError(_grad_message(OP_NAMES[op], "updates"))
 
 
 @functools.cache
@@ -238,12 +248,7 @@ def _with_rules(call: WriteCall):
         return unbatched(x, operands, updates)
 
     def fwd(x, operands, updates):
-        # symbolic_zeros: each argument says whether it is being differentiated,
-        # so refusals come while tracing, before anything runs.
-        if x.perturbed:
-            raise TypeError(grad_message(op_name, "x"))
-        if updates.perturbed and call.op not in ("set", "add"):
-            raise TypeError(grad_message(op_name, "updates"))
+        refuse_gradients(call.op, x, updates)
         operands = tuple(primal.value for primal in operands)
         out = unbatched(x.value, operands, updates.value)
         return out, (x.value.shape, operands, updates.value)

@@ -145,17 +145,13 @@ def write_differentiable(x, operands, updates, cfg: WriteConfig):
 def _with_rules(cfg: WriteConfig):
     """The write, differentiable with respect to the updates for set and add, as the
     local write is; the gradient for ``x`` and for the other ops is refused alike."""
-    op_name = _local_write.OP_NAMES[cfg.call.op]
 
     @jax.custom_vjp
     def op(x, operands, updates):
         return write_traced(x, operands, updates, cfg)
 
     def fwd(x, operands, updates):
-        if x.perturbed:
-            raise TypeError(_local_write.grad_message(op_name, "x"))
-        if updates.perturbed and cfg.call.op not in ("set", "add"):
-            raise TypeError(_local_write.grad_message(op_name, "updates"))
+        _local_write.refuse_gradients(cfg.call.op, x, updates)
         operands = tuple(primal.value for primal in operands)
         return write_traced(x.value, operands, updates.value, cfg), (operands, updates.value)
 
