@@ -148,7 +148,7 @@ def on_each_copy(fn, x: Any, *args: Any) -> Any | None:
         return fn(x_copy, *tree.unflatten([next(it) if is_array else leaf
                                            for leaf, is_array in zip(leaves, arrays, strict=True)]))
 
-    passed = [replicated_like(x, a) for a, is_array in zip(leaves, arrays, strict=True) if is_array]
+    passed = [gathered(a) for a, is_array in zip(leaves, arrays, strict=True) if is_array]
     spec = jax.sharding.PartitionSpec()
     # check_vma=False: the ops stage kernels whose outputs carry no varying-axes type.
     return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)(
