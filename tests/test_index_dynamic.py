@@ -383,3 +383,9 @@ def test_a_read_takes_a_static_strided_ds_as_jnp_does_beside_any_int(mode):
                 want = jnp.asarray(a).at[index].get(mode=mode)
                 np.testing.assert_array_equal(
                     np.asarray(got), np.asarray(want), err_msg=f"{index} {mode}")
+    # Under jit, the same (the ints stay static), for the out-of-range ints.
+    for index in ((jax.ds(2, 2, 2), 3), (jax.ds(0, 3, 2), ..., -4), (5, jax.ds(0, 3, 2))):
+        got = jax.jit(lambda x, i=index: pallas_pinned.at(x)[i].get(mode=mode))(pinned(a))
+        want = jax.jit(lambda x, i=index: x.at[i].get(mode=mode))(jnp.asarray(a))
+        np.testing.assert_array_equal(
+            np.asarray(got), np.asarray(want), err_msg=f"jit {index} {mode}")

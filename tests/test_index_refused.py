@@ -170,3 +170,6 @@ def test_a_bool_anywhere_in_a_tuple_is_refused_as_a_mask(rng, index):
         with pytest.raises(TypeError, match="boolean masks are not supported"):
             _call(x, index, method)
         _assert_untouched(x, a, f"{method} with {describe(index)}")
+        with pytest.raises(TypeError, match="boolean masks are not supported"):
+            jax.jit(lambda x, m=method: _call(x, index, m))(x)
+        _assert_untouched(x, a, f"{method} under jit with {describe(index)}")
