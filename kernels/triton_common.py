@@ -11,8 +11,8 @@ jax-triton cannot launch, NotImplementedError: :func:`check_can_launch`); the
 tiling and checks of :mod:`triton_tiling`, re-exported; the in-kernel
 :func:`tile_entries` and :func:`tile_mask`; :func:`plan_rows`, an op's shapes
 and dtypes made a :class:`TritonLaunch`, which :func:`launch` hands to
-``triton_call`` and :func:`compile_for_target` compiles ahead of time (so the
-PTX the tests read is the launched kernel's).
+``triton_call`` and :func:`triton_aot.compile_for_target` compiles ahead of
+time (so the PTX the tests read is the launched kernel's).
 
 Every kernel sees a ``(num_rows, d)`` buffer ``x`` and ``n`` entries, entry
 ``k`` pairing buffer row ``rows[k]`` with row ``partner[k]`` of the other side
@@ -34,7 +34,7 @@ Install with ``pip install "pallas-pinned[triton]"`` (jax-triton 0.3.1, triton
 * jax-triton 0.3.1 + triton 3.6.0, jax 0.12.0.1, CPU (CI): 0.3.1 does not
   import without CUDA; the kernels compile for sm_90 (both signatures) and
   the launch lowers for CUDA with a stand-in for jaxlib's CUDA Triton plugin,
-  jax-triton compiling the very PTX of :func:`compile_for_target`.
+  jax-triton compiling the very PTX of :func:`triton_aot.compile_for_target`.
 * jax-triton 0.4.1 + triton 3.9.0 (0.4 needs triton >= 3.7), jax 0.12.0.1,
   CPU (by hand, same tests): imports, compiles, its launch lowers the same
   way, but with jax 0.12 it cannot launch: 0.4.1's dead-code rule takes the
@@ -45,9 +45,7 @@ Install with ``pip install "pallas-pinned[triton]"`` (jax-triton 0.3.1, triton
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,7 +80,6 @@ def _not_installed(err: ImportError) -> ImportError:
 try:
     import triton
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
 except ImportError as err:
     raise _not_installed(err) from err
 
@@ -109,10 +106,10 @@ def _why_04_cannot_launch(module) -> str | None:
 
 
 # Why kernels cannot be launched here; None when they can. Only launching
-# needs jax-triton: compile_for_target needs triton alone (PTX tests on CPU).
+# needs jax-triton: triton_aot compiles with triton alone (PTX tests on CPU).
 JAX_TRITON_UNUSABLE: str | None = None
 _JAX_TRITON_MISSING: ImportError | None = None
-# The installed jax-triton's series, launchable or not (compile_for_target's default).
+# The installed jax-triton's series, launchable or not (triton_aot's default).
 INSTALLED_SERIES: tuple[int, int] | None = None
 try:
     import jax_triton
@@ -146,8 +143,8 @@ __all__ = [  # The kernel modules' shared parts; the ops import those modules, n
     "EVICTION_POLICIES", "INSTALLED_SERIES", "INSTALL_HINT", "JAX_TRITON_SERIES",
     "JAX_TRITON_UNUSABLE", "LOAD_CACHE_MODIFIERS", "STORE_CACHE_MODIFIERS", "TRITON_TYPES",
     "TritonLaunch", "TritonTiling", "check_can_launch", "check_element_dtype", "check_entries",
-    "check_installed", "check_tiling", "check_updates", "choose_tiling", "compile_for_target",
-    "element_type", "grid", "launch", "plan_rows", "tile_entries", "tile_mask",
+    "check_installed", "check_tiling", "check_updates", "choose_tiling", "element_type",
+    "grid", "launch", "plan_rows", "pointer_dtypes", "tile_entries", "tile_mask",
     "tiling_for_tile_bytes",
 ]
 
@@ -256,7 +253,7 @@ def plan_rows(
     (a bool buffer, which jax-triton types ``*i1``, moves as raw bytes), plus
     its own ``constexprs``. ``itemsize`` (default ``dtype``'s) sizes the
     default tiling. Each op's ``plan_*`` is this for its kernel:
-    ``compile_for_target(plan)`` compiles exactly what the op launches.
+    ``triton_aot.compile_for_target(plan)`` compiles exactly what the op launches.
     """
     num_rows, row_width = x_shape
     dtype = jnp.dtype(dtype)
@@ -310,7 +307,7 @@ def check_can_launch() -> None:
         )
 
 
-def _pointer_dtypes(plan: TritonLaunch, series: tuple[int, int]) -> tuple[jnp.dtype, ...]:
+def pointer_dtypes(plan: TritonLaunch, series: tuple[int, int]) -> tuple[jnp.dtype, ...]:
     """The kernel's pointer types as jax-triton ``series`` passes them (see :func:`launch`)."""
     dtypes = list(plan.operand_dtypes)
     if series >= (0, 4) and plan.aliased_operand is not None:
@@ -337,7 +334,7 @@ def launch(plan: TritonLaunch, *operands: jax.Array | None) -> jax.Array:
     operands = tuple(operands[0] if a is None else a for a in operands)
     dtypes = tuple(jnp.dtype(a.dtype) for a in operands)
     if dtypes != plan.operand_dtypes:
-        # The plan is what compile_for_target compiles; launching other types
+        # The plan is what triton_aot compiles; launching other types
         # would run a kernel the PTX tests never saw.
         raise TypeError(f"{plan.name}: operands {dtypes} are not {plan.operand_dtypes}")
     aliased = plan.aliased_operand
@@ -361,53 +358,3 @@ def launch(plan: TritonLaunch, *operands: jax.Array | None) -> jax.Array:
     jax_triton.triton_call(*placed, buffer, out_type=(), **settings)
     return buffer[...]
 
-
-def compile_for_target(
-    plan: TritonLaunch, *, capability: int = 90, series: tuple[int, int] | None = None
-):
-    """Compiles ``plan``'s kernel ahead of time for an NVIDIA target; no GPU needed.
-
-    Same signature, 16-byte pointer alignment and compile-time settings as
-    :func:`launch` hands jax-triton ``series`` (default: the installed one's,
-    else 0.3), so what compiles here compiles there. Returns Triton's
-    compiled kernel (``asm["ttir"]``, ``["ptx"]``, ``["cubin"]``), for tests
-    and for reading the accesses it emits; compiled once per distinct plan.
-    """
-    series = series or INSTALLED_SERIES or JAX_TRITON_SERIES[0]
-    if series not in JAX_TRITON_SERIES:
-        raise ValueError(f"series must be one of {JAX_TRITON_SERIES}, got {series}")
-    pointer_dtypes = _pointer_dtypes(plan, series)
-    names = plan.kernel.arg_names
-    settings = names[len(pointer_dtypes) :]
-    if set(settings) != set(plan.constexprs):
-        raise ValueError(
-            f"{plan.name}: the kernel's parameters {names} do not match {len(pointer_dtypes)} "
-            f"pointers and the settings {sorted(plan.constexprs)}"
-        )
-    return _compile(
-        plan.kernel, pointer_dtypes, tuple(sorted(plan.constexprs.items())),
-        plan.tiling.num_warps, capability,
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def _compile(kernel, pointer_dtypes, constexprs, num_warps: int, capability: int):
-    pointers = zip(kernel.arg_names, pointer_dtypes, strict=False)  # Then the settings.
-    signature = {name: "*" + TRITON_TYPES[t] for name, t in pointers}
-    signature.update({name: "constexpr" for name, _ in constexprs})
-    # jax-triton promises Triton every array is 16-byte aligned.
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(pointer_dtypes))}
-    source = triton.compiler.ASTSource(
-        fn=kernel, signature=signature, constexprs=dict(constexprs), attrs=attrs
-    )
-    # jax-triton blanks TRITON_CACHE_DIR on import, which stops triton.compile;
-    # a throw-away cache keeps the user's cache out of it as well.
-    with tempfile.TemporaryDirectory() as cache_dir, triton.knobs.cache.scope():
-        triton.knobs.cache.dir = cache_dir
-        return triton.compile(
-            source,
-            target=GPUTarget("cuda", capability, 32),
-            # jax-triton 0.3.1 asks for FP fusion; 0.4 takes triton's default,
-            # fusion on up to triton 3.9 (the kernels have no multiply-add anyway).
-            options={"num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": True},
-        )

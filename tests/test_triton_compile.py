@@ -6,7 +6,7 @@ vectors, cache operators, 64-bit addresses, every access masked, which
 parameters are loaded from and stored to), in the pointer signature of each
 jax-triton series; the tiling heuristic within Triton's and CUDA's limits;
 bad settings and operands raise before anything compiles. Compiled kernels
-are cached per plan (``triton_common.compile_for_target``), so cases that
+are cached per plan (``triton_aot.compile_for_target``), so cases that
 share a plan compile once.
 """
 
@@ -26,6 +26,7 @@ if _NO_TRITON is None:
     from pallas_pinned.kernels import gather_triton as gt
     from pallas_pinned.kernels import scatter_add_triton as at
     from pallas_pinned.kernels import scatter_triton as st
+    from pallas_pinned.kernels import triton_aot
     from pallas_pinned.kernels import triton_common as tc
 
 pytestmark = pytest.mark.skipif(_NO_TRITON is not None, reason=_NO_TRITON or "")
@@ -62,7 +63,7 @@ def _plan(op: str, shape, dtype, n, **options):
 
 
 def _compile(op: str, shape, dtype, n, *, series=(0, 3), **options):
-    return tc.compile_for_target(_plan(op, shape, dtype, n, **dict(options)), series=series)
+    return triton_aot.compile_for_target(_plan(op, shape, dtype, n, **dict(options)), series=series)
 
 
 @pytest.mark.parametrize(
@@ -344,14 +345,14 @@ def test_compile_refuses_a_plan_that_does_not_fit_its_kernel():
     plan = dataclasses.replace(gt.plan_gather_rows((10, 4), "float32", 3),
                                kernel=st.scatter_rows_triton_kernel)
     with pytest.raises(ValueError, match="do not match"):
-        tc.compile_for_target(plan)
+        triton_aot.compile_for_target(plan)
     with pytest.raises(ValueError, match="series must be one of"):
-        tc.compile_for_target(gt.plan_gather_rows((10, 4), "float32", 3), series=(0, 5))
+        triton_aot.compile_for_target(gt.plan_gather_rows((10, 4), "float32", 3), series=(0, 5))
 
 
 def test_compiled_once_per_plan():
     plan = st.plan_scatter_rows((1000, 100), "float32", 37)
     again = st.plan_scatter_rows((1000, 100), "float32", 37)
-    assert tc.compile_for_target(plan) is tc.compile_for_target(again)
+    assert triton_aot.compile_for_target(plan) is triton_aot.compile_for_target(again)
     other = st.plan_scatter_rows((1000, 100), "float32", 37, check_bounds=False)
-    assert tc.compile_for_target(other) is not tc.compile_for_target(plan)
+    assert triton_aot.compile_for_target(other) is not triton_aot.compile_for_target(plan)

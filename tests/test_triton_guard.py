@@ -36,8 +36,9 @@ if _NO_TRITON is None:
 
 needs_triton = pytest.mark.skipif(_NO_TRITON is not None, reason=_NO_TRITON or "")
 _HINT = re.escape('pip install "pallas-pinned[triton]"')
-_KERNEL_MODULES = (
-    "triton_common", "scatter_triton", "gather_triton", "scatter_add_triton", "triton_tiling",
+_KERNEL_MODULES = (  # Those that import triton first; triton_tiling, which does not, last.
+    "triton_common", "scatter_triton", "gather_triton", "scatter_add_triton", "triton_aot",
+    "triton_tiling",
 )
 
 
@@ -74,7 +75,7 @@ def _small_calls(scatter, gather, add):
     }
 
 
-@pytest.mark.parametrize("name", _KERNEL_MODULES[:4])
+@pytest.mark.parametrize("name", _KERNEL_MODULES[:5])
 def test_import_without_triton_names_the_extra(monkeypatch, name):
     # A None entry in sys.modules makes `import triton` fail as if not installed.
     monkeypatch.setitem(sys.modules, "triton", None)
@@ -121,7 +122,8 @@ def test_without_jax_triton_compiles_but_launching_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "jax_triton", None)
     common, scatter, gather, add = _fresh_modules(monkeypatch)
     assert common.jax_triton is None and common.INSTALLED_SERIES is None
-    assert common.compile_for_target(gather.plan_gather_rows((10, 4), jnp.float32, 3)).asm["ptx"]
+    aot = _fresh_import(monkeypatch, "triton_aot")
+    assert aot.compile_for_target(gather.plan_gather_rows((10, 4), jnp.float32, 3)).asm["ptx"]
     with pytest.raises(ImportError, match=_HINT):
         common.check_installed()
     for call in _small_calls(scatter, gather, add).values():
@@ -169,7 +171,7 @@ def test_unusable_jax_triton_compiles_but_refuses_to_launch(monkeypatch, state):
     assert common.jax_triton is None
     common.check_installed()  # Installed: not an ImportError.
     plan = add.plan_scatter_add_rows((10, 4), "float32", 3)
-    assert common.compile_for_target(plan).asm["ptx"]
+    assert _fresh_import(monkeypatch, "triton_aot").compile_for_target(plan).asm["ptx"]
     for call in _small_calls(scatter, gather, add).values():
         with pytest.raises(NotImplementedError, match=f"jax-triton cannot launch.*{reason}"):
             call()

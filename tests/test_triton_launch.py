@@ -34,6 +34,7 @@ if _NO_TRITON is None:
     from pallas_pinned.kernels import gather_triton as gt
     from pallas_pinned.kernels import scatter_add_triton as at
     from pallas_pinned.kernels import scatter_triton as st
+    from pallas_pinned.kernels import triton_aot
     from pallas_pinned.kernels import triton_common as tc
 
 try:
@@ -87,7 +88,7 @@ for name, value in stand_in.items():
     setattr(gpu_triton, name, value)
 import jax_triton
 from pallas_pinned.kernels import gather_triton as gt, scatter_add_triton as at
-from pallas_pinned.kernels import scatter_triton as st, triton_common as tc
+from pallas_pinned.kernels import scatter_triton as st, triton_aot, triton_common as tc
 host = lambda a: jax.device_put(a, jax.memory.Space.Host)
 x = host(jnp.ones((20, 8), jnp.float32))
 rows, updates = jnp.arange(5, dtype=jnp.int32), jnp.ones((5, 8))
@@ -107,7 +108,7 @@ for op, (function, plan) in ops.items():
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     call = next(l for l in text.splitlines() if "custom_call @triton_kernel_call" in l)
     main = next(l for l in text.splitlines() if "func.func public @main" in l)
-    ptx = tc.compile_for_target(plan((20, 8), "float32", 5), series=(0, 3)).asm["ptx"]
+    ptx = triton_aot.compile_for_target(plan((20, 8), "float32", 5), series=(0, 3)).asm["ptx"]
     report[op] = dict(
         operands=re.search(r"call\(([^)]*)\)", call).group(1).split(", "),
         aliases=re.findall(r"operand_index = (\d+)", call),
@@ -123,7 +124,7 @@ def test_jax_triton_03_launch_lowers_in_place_on_the_host_buffer():
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["series"] == [0, 3] and report["unusable"] is None, report
-    # compile_for_target types pointers itself; it must agree with jax-triton.
+    # triton_aot types pointers itself; it must agree with jax-triton.
     assert report["types_match"], report
     for op in ("scatter", "add"):  # rows, src, updates, the buffer: aliased to the result.
         seen = report[op]
@@ -228,13 +229,13 @@ def test_in_place_buffer_is_one_ref_aliased_in_host_memory(plugin, op):
     assert "stablehlo.copy" not in module and "MoveToDevice" not in module, module
     # The kernel jax-triton compiled is compile_for_target's, in the 0.4 signature.
     (kernel,) = plugin.kernels
-    ours = tc.compile_for_target(plan_of((20, 8), "float32", 5), series=(0, 4))
+    ours = triton_aot.compile_for_target(plan_of((20, 8), "float32", 5), series=(0, 4))
     assert kernel[4] == ours.asm["ptx"]  # 0.4 hands jaxlib the PTX.
 
 
 @_needs_04
 def test_triton_types_match_jax_triton_04(plugin):
-    # compile_for_target types pointers itself; it must agree with jax-triton.
+    # triton_aot types pointers itself; it must agree with jax-triton.
     import jax_triton
 
     theirs = jax_triton.triton_lib._JAX_TO_TRITON_TYPE_MAP
@@ -263,7 +264,7 @@ def test_gather_reads_the_host_buffer_into_a_fresh_device_array(plugin):
     assert "output_operand_aliases" not in call, call
     assert 'mhlo.memory_kind = "pinned_host"' in _main_signature(module).partition("%arg1")[0]
     (kernel,) = plugin.kernels
-    ours = tc.compile_for_target(gt.plan_gather_rows((20, 8), "float32", 5), series=(0, 4))
+    ours = triton_aot.compile_for_target(gt.plan_gather_rows((20, 8), "float32", 5), series=(0, 4))
     assert kernel[4] == ours.asm["ptx"]  # 0.4 hands jaxlib the PTX.
 
 
