@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's two commands, each setting up what it needs first:
 #   bash dev.sh demo [args]   the periodic-update demo (checks its own result)
-#   bash dev.sh test [args]   ruff, then the test suite on every core (pytest args
+#   bash dev.sh test [args]   ruff, then the test suite on up to 4 cores (pytest args
 #                             pass through); it lists the 15 slowest tests at the end.
 #                             Without args it then runs the jax-triton 0.4 tests in
 #                             .venv-jt04 (jax-triton 0.4.1 + triton >= 3.7)

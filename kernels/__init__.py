@@ -1,9 +1,13 @@
 """Kernel sources of pallas_pinned, shipped inside the wheel as ``pallas_pinned.kernels``.
 
-Each module holds one kernel family in three layers: the kernel body (refs plus
-keyword-only settings), a builder that calls ``pl.pallas_call(..., name=...)``,
-and the tiling heuristics the builder uses. Validation, index normalization and
-the public API live in ``pallas_pinned``; kernels trust what they are handed,
-except that they never write outside the buffer unless told the caller promised
-the bounds.
+Each kernel module holds one op of one family: the kernel body (refs, or Triton
+pointers, plus keyword-only settings) and a builder that calls
+``pl.pallas_call(..., name=...)`` or plans a ``triton_call``. Beside them:
+``pallas_common`` and ``triton_common`` (+ ``triton_tiling``) with each family's
+tiling and launch, ``owner_write`` and ``relaxed_atomics`` (the Pallas add's
+write of a row), ``row_layout`` (skip markers, offset limits; no Pallas or
+Triton import) and ``triton_aot`` (ahead-of-time compiles for the tests).
+Validation, index normalization and the public API live in ``pallas_pinned``;
+kernels trust the dtypes and shapes they are handed, but never write outside
+the buffer unless told the caller promised the bounds.
 """

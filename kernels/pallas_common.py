@@ -80,7 +80,8 @@ def choose_row_tiling(n: int, d: int, itemsize: int) -> RowTiling:
 
     The column block covers a whole row up to 4 KiB, then rows fill the tile
     up to 16 KiB. Reads and writes of a row cost the same PCIe transactions,
-    so one heuristic serves the three kernels. Results never depend on it.
+    so one heuristic serves the set, gather and add kernels (the sorted-runs
+    add tiles its own runs). Results never depend on it.
     """
     block_cols = min(next_pow2(d), max(1, _MAX_COL_BLOCK_BYTES // itemsize))
     rows_per_tile = max(1, _TILE_BYTES // (block_cols * itemsize))

@@ -105,8 +105,9 @@ def scatter_add_rows(
 
 # --- one launch for small batches: normalization and combining inside ---
 #
-# The unfused path combines duplicates with about a dozen XLA ops before its
-# launch (a stable order, a segmented scan); on the H200 (2026-12-03, a scan
+# The unfused path first combined duplicates with about a dozen XLA ops before
+# its launch (a stable order, a segmented scan; now a stable sort, then the
+# sorted-runs kernel above); on the H200 (2026-12-03, a scan
 # of random rows) that took 23.2 us per step at 64 x 1 KiB against 13.5 with
 # the combining skipped. Here each entry's program normalizes its own raw
 # index, and the FIRST occurrence of a row owns it: it searches the earlier

@@ -7,9 +7,10 @@ plan. The plan views the buffer as 2-D: the *leading* axes, up to the last one
 the index does more than take whole, become the rows; the rest (axes the index
 takes whole) become the row. Every form is one of three kinds:
 
-* ``"axis0"``: an index on axis 0 alone (int, integer array, list, static
-  slice) — the forms of the first release, handed to the row kernels as
-  they are (they wrap, check and de-duplicate the raw indices themselves);
+* ``"axis0"``: an index on axis 0 alone (integer array, list, strided
+  slice; ints and step-1 slices are blocks) — the forms of the first
+  release, handed to the row kernels as they are (they wrap, check and
+  de-duplicate the raw indices themselves);
 * ``"block"``: a hyper-rectangle (ints, step-1 slices, ``jax.ds``, ``None``;
   no index arrays) — one copy: ``lax.dynamic_update_slice`` /
   ``dynamic_slice``, XLA's asynchronous DMA for a host buffer;

@@ -3,9 +3,10 @@
 :func:`parse` takes anything jnp's ``.at[...]`` takes (boolean masks aside)
 and returns the plan (static) and its dynamic operands (index arrays, traced
 starts). Forms jnp refuses, and ours it does not take, raise here, before
-anything is staged: TypeError (masks, floats, strings, traced slice bounds),
-IndexError (too many indices, two ellipses), ValueError (a ``jax.ds`` of
-stride 1 longer than its axis, ragged lists).
+anything is staged: TypeError (masks, floats, strings), IndexError (too many
+indices, two ellipses, traced slice bounds), ValueError (a ``jax.ds`` of
+stride 1 longer than its axis, but for a read that jnp takes as a static
+slice; ragged lists).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The three ops on one buffer sharded along axis 0 over a mesh, with global row numbers.
+"""The ops (the writes and the read) on one buffer sharded along axis 0 over a mesh, by global rows.
 
 A buffer such as ``jax.device_put(x, NamedSharding(mesh, P("data"),
 memory_kind="pinned_host"))`` holds rows ``[k*m, (k+1)*m)`` on the devices of

@@ -126,7 +126,7 @@ def _local_rows(rows, layout: Layout, shard_rows: int):
     return jnp.where(owned, local, shard_rows), first
 
 
-# --- the writes: set and add ---------------------------------------------------
+# --- the writes: set, add, min, max, mul ---------------------------------------
 
 
 @functools.cache

@@ -6,6 +6,9 @@ Every write reaches this module as ``x2d`` ``(num_rows, d)``, a flat list of
 
 * ``"xla"``: the references (``reference.py``), with the row reads and writes
   of a host buffer done on the buffer itself (``_host_xla``);
+* ``"xla_native"``: XLA's own ``x.at[rows].set`` / ``.add`` on the normalized
+  rows (a set's duplicates dropped first), where the backend table measured
+  it faster than the kernels;
 * a kernel backend: the rows are normalized, and duplicates resolved on the
   device first (set: the last occurrence wins; add, min, max, mul: combined
   in a fixed order), so that every kernel entry owns a distinct row; then the

@@ -25,10 +25,12 @@ def scatter_to_host(
 
     Built for ``x`` in ``pinned_host`` memory of a GPU: indices and updates
     stay in device memory and the data is written straight into the host
-    buffer, which is never copied. A contiguous block is one copy (XLA's
-    asynchronous DMA); other index forms become rows that a kernel stores
-    over PCIe. Any other ``x`` (device memory, CPU-only JAX) gets the same
-    semantics through XLA.
+    buffer, which is never copied. A contiguous block that needs no run-time
+    check, of fewer than ``tuning`` ``block_rows_from`` rows, is one copy
+    (XLA's asynchronous DMA); other blocks and index forms become rows that a
+    kernel stores over PCIe (or XLA's own scatter, where the backend table
+    measured it faster). Any other ``x`` (device memory, CPU-only JAX) gets
+    the same semantics through XLA.
 
     Args:
       x: the buffer, at least 1-D, of a supported dtype; on one device, or
@@ -52,8 +54,9 @@ def scatter_to_host(
         insert is ``at(x)[jax.ds(pos, n)].set(y, mode="wrap")``.
       unique_indices: promise that no position repeats (skips de-duplication).
       indices_are_sorted: promise that the positions ascend (skips the sort).
-      backend: ``"auto"`` (a block copy for a block, a kernel for other forms
-        on a host buffer of a CUDA GPU, XLA otherwise), ``"pallas"`` (the
+      backend: ``"auto"`` (on a host buffer of a CUDA GPU, the copy above
+        for such a block, else what the backend table measured fastest: a
+        kernel, or XLA's own scatter of the rows; XLA otherwise), ``"pallas"`` (the
         Pallas kernel, CUDA only), ``"triton"`` (the raw Triton kernel through
         jax-triton, CUDA only, needs the ``triton`` extra), ``"interpret"``
         (the Pallas kernel in interpret mode, any platform) or ``"xla"``.

@@ -27,7 +27,8 @@ def scatter_add_to_host(
     position are summed first, in a fixed order, so the result is
     deterministic; then a kernel reads each distinct row once over PCIe, adds,
     and writes it back into the host buffer, which is never copied (a
-    contiguous block: one read and one copy back). Pallas sums them in the
+    contiguous block too, as rows known distinct; with ``tuning``
+    ``block_copy`` it is one read and one copy back). Pallas sums them in the
     kernel, in entry order: small batches (up to ``tuning`` ``fused_max_adds``
     updates) in one launch that finds the duplicates itself, larger ones in
     one launch over the runs of a stable sort. Raw Triton and XLA sum them on

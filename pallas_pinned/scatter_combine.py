@@ -15,8 +15,9 @@ _DOC = """Returns ``x.at[indices].{method}(updates, mode=mode)``.
     The updates of one position are combined on the device first, in a fixed
     order ({combine}), then each distinct row is read once, combined with the
     update and written back (a kernel for a host buffer on a CUDA GPU: the
-    gather kernel reads, the set kernel writes; a contiguous block: one read
-    and one copy). Deterministic with duplicate indices.{rounding} Arguments,
+    gather kernel reads, the set kernel writes; a contiguous block too, as
+    rows, or with ``tuning`` ``block_copy`` one read and one copy).
+    Deterministic with duplicate indices.{rounding} Arguments,
     return value and errors as for :func:`scatter_to_host`, except that
     these ops are not differentiable (TypeError under ``jax.grad``){bool}.
     """

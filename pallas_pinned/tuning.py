@@ -104,36 +104,34 @@ class Thresholds:
     # atomic_add_probe.py --part relaxed): not yet measured. Predicted: 1-3 us
     # off the one-launch adds of 5-256 rows once atomic_add_from is 0.
     relaxed_atomics: bool = False
-    # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices,
-    # jax.ds) is one XLA copy (dynamic_update_slice / dynamic_slice, the very
-    # HLO of XLA's own formulation) for every read, and for a set that needs no
-    # run-time check (mode "clip" or "promise_in_bounds", or static starts).
-    # A set whose traced start a dropping mode must check would have to read
-    # the block back first (one more transfer of it): kernel rows serve it, and
-    # other writes too, unless this is True. Measured on the H200 (benchmarks/
-    # results/block_probe_h200.json, 2026-12-03 13:57 UTC, us per step in a scan,
-    # 64 x 1 KiB / 1024 x 1 KiB / 16384 x 256 B): the copy without a check 8.2 /
-    # 29.3 / 91.8, with the read-back 13.6 / 52.1 / 177.4, kernel rows 8.7 / 29.9
-    # / 91.7, XLA's own copy 9.0 / 29.6 / 94.6. Device-memory buffers always take
-    # the copy (XLA's home turf).
+    # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices, jax.ds) is one
+    # XLA copy (dynamic_update_slice / dynamic_slice, the very HLO of XLA's own formulation) for
+    # every read, and for a set that needs no run-time check (mode "clip" or
+    # "promise_in_bounds", or static starts). A set whose traced start a dropping mode must
+    # check would have to read the block back first (one more transfer of it): rows serve it
+    # (the kernel's, or XLA's own scatter where backend_table.json picks it for rows known
+    # distinct, as a block's are), and other writes too, unless this is True. Measured on the
+    # H200 (benchmarks/results/block_probe_h200.json, 2026-12-03 13:57 UTC, us per step in a
+    # scan, 64 x 1 KiB / 1024 x 1 KiB / 16384 x 256 B): the copy without a check 8.2 / 29.3 /
+    # 91.8, with the read-back 13.6 / 52.1 / 177.4, kernel rows 8.7 / 29.9 / 91.7, XLA's own
+    # copy 9.0 / 29.6 / 94.6. Device-memory buffers always take the copy (XLA's home turf).
     block_copy: bool = False
-    # backend="auto" on a host buffer: a block set without a run-time check of
-    # this many rows or more runs as kernel rows instead of the copy (the
-    # rows of a block are distinct and ascending: one launch, no
-    # de-duplication). The H200 loop benchmark of 2026-12-03 15:05 UTC (results/
-    # loop_quick_h200_1505.json; us per step, providers timed interleaved):
-    # 64 x 1 KiB copy 17.1, rows 27.1, XLA's copy 16.6; 1024 x 1 KiB copy 36.1,
-    # rows 27.1, XLA's copy 35.2; the block probe (13:57) had rows at or below
-    # XLA's copy at 1024 x 1 KiB and 16384 x 256 B too (29.9 vs 29.6, 91.7 vs
-    # 94.6). With this switch (15:18, benchmarks/results/loop_quick_h200_1518.json):
-    # 64 rows 14.5 against XLA's 15.7, 1024 rows 27.6 against 36.2; 16:50
-    # (loop_quick_h200_1650.json): 13.6 against 13.4, 26.6 against 35.5. The
-    # block probe at 64 / 128 / 256 / 512 rows x 1 KiB (18:45 UTC, results/
-    # block_probe_{graphs,rows}_h200.json), copy / rows / XLA's copy: graphed 9.2
-    # / 9.0 / 9.8, 10.1 / 10.3 / 9.9, 13.4 / 14.1 / 14.0, 18.4 / 19.6 / 19.5; at
-    # XLA's defaults 7.6 / 8.1 / 8.6, 11.5 / 11.0 / 12.5, 18.2 / 16.4 / 15.1, 18.6 /
-    # 19.7 / 19.1. Below 1024 rows neither is ahead at every size (within 1.8 us,
-    # each way at some size): no case to move the switch.
+    # backend="auto" on a host buffer: a block set without a run-time check of this many rows or
+    # more runs as rows instead of the copy (the rows of a block are distinct and ascending: one
+    # launch, no de-duplication; for float32 of 257-1024 rows backend_table.json picks XLA's own
+    # scatter of them, 24.2 against the kernel's 27.2 us at 1024 x 1 KiB graphed,
+    # results/loop_quick_graphs_h200.json). The H200 loop benchmark of 2026-12-03 15:05 UTC
+    # (results/loop_quick_h200_1505.json; us per step, providers timed interleaved): 64 x 1 KiB
+    # copy 17.1, rows 27.1, XLA's copy 16.6; 1024 x 1 KiB copy 36.1, rows 27.1, XLA's copy 35.2;
+    # the block probe (13:57) had rows at or below XLA's copy at 1024 x 1 KiB and 16384 x 256 B
+    # too (29.9 vs 29.6, 91.7 vs 94.6). With this switch (15:18,
+    # benchmarks/results/loop_quick_h200_1518.json): 64 rows 14.5 against XLA's 15.7, 1024 rows
+    # 27.6 against 36.2; 16:50 (loop_quick_h200_1650.json): 13.6 against 13.4, 26.6 against
+    # 35.5. The block probe at 64 / 128 / 256 / 512 rows x 1 KiB (18:45 UTC, results/
+    # block_probe_{graphs,rows}_h200.json), copy / rows / XLA's copy: graphed 9.2 / 9.0 / 9.8,
+    # 10.1 / 10.3 / 9.9, 13.4 / 14.1 / 14.0, 18.4 / 19.6 / 19.5; at XLA's defaults 7.6 / 8.1 /
+    # 8.6, 11.5 / 11.0 / 12.5, 18.2 / 16.4 / 15.1, 18.6 / 19.7 / 19.1. Below 1024 rows neither
+    # is ahead at every size (within 1.8 us, each way at some size): no case to move the switch.
     block_rows_from: int = 1024
     # False turns the locality sort off altogether (rows with duplicates are
     # still de-duplicated). For benchmarks that measure what sorting buys.
@@ -191,7 +189,8 @@ def current() -> Thresholds:
 def override(**changes) -> Iterator[Thresholds]:
     """Within the ``with`` block, calls of the ops use these thresholds.
 
-    Unknown names raise ``TypeError``; bad values raise ``ValueError``.
+    Unknown names and non-bool flags raise ``TypeError``; negative or
+    non-int thresholds raise ``ValueError``.
     """
     previous = current()
     updated = dataclasses.replace(previous, **changes)

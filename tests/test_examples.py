@@ -38,3 +38,10 @@ def test_replay_buffer_example_wraps_many_times():
     out = _run("replay_buffer.py", "--capacity", "7", "--insert", "5", "--sample", "9",
                "--steps", "11")
     assert "wrapped 7x" in out and out.rstrip().endswith("OK"), out
+
+
+@pytest.mark.parametrize("processes", [1, 2, 4])
+def test_sharded_demo_agrees_with_its_numpy_replay(processes):
+    # 8 CPU devices in all, over jax.distributed loopback processes where more than one.
+    out = _run("sharded_demo.py", "--devices", "8", "--processes", str(processes))
+    assert out.count(": OK") == processes, out
