@@ -167,9 +167,8 @@ def _rows_of(call: WriteCall, operands):
     return _rows.normalize_rows(_placement.to_device_memory(rows), plan.num_rows, call.row_mode)
 
 
-def _updates_vjp(call: WriteCall, residuals, cotangent):
+def _updates_vjp(call: WriteCall, operands, updates, cotangent):
     """The cotangent of ``updates``: set gives each update its row's if it won; add, always."""
-    _, operands, updates = residuals
     plan = call.plan
     rows = _rows_of(call, operands)
     flat = _placement.to_device_memory(cotangent).reshape(plan.num_rows, plan.width)
@@ -221,7 +220,7 @@ def _grad_message(op_name: str, what: str) -> str:
     )
 
 
-def refuse_gradients(op: str, x, updates) -> None:
+def _refuse_gradients(op: str, x, updates) -> None:
     """Refuses a gradient the write has no rule for: ``x``'s, and the updates' but for
     set and add. ``x`` and ``updates`` are ``custom_vjp``'s symbolic-zero primals, each
     saying whether it is differentiated, so the refusal comes while tracing."""
@@ -231,33 +230,42 @@ def refuse_gradients(op: str, x, updates) -> None:
         raise TypeError(_grad_message(OP_NAMES[op], "updates"))
 
 
-@functools.cache
-def _with_rules(call: WriteCall):
-    op_name = OP_NAMES[call.op]
+def with_write_rules(op: str, traced, updates_cotangent):
+    """``traced(x, operands, updates)`` with a write's transformation rules, for the
+    local and the sharded write alike: ``jax.vmap`` refused (the write updates one
+    buffer in place), the gradient for the updates of set and add,
+    ``updates_cotangent(operands, updates, cotangent)``, and every other refused."""
+    op_name = OP_NAMES[op]
 
     @jax.custom_batching.custom_vmap
     def unbatched(x, operands, updates):
-        return write_traced(x, operands, updates, call)
+        return traced(x, operands, updates)
 
     @unbatched.def_vmap
     def _reject(axis_size, in_batched, *args):
         raise NotImplementedError(_vmap_message(op_name))
 
     @jax.custom_vjp
-    def op(x, operands, updates):
+    def write_with_rules(x, operands, updates):
         return unbatched(x, operands, updates)
 
     def fwd(x, operands, updates):
-        refuse_gradients(call.op, x, updates)
+        _refuse_gradients(op, x, updates)
         operands = tuple(primal.value for primal in operands)
-        out = unbatched(x.value, operands, updates.value)
-        return out, (x.value.shape, operands, updates.value)
+        return unbatched(x.value, operands, updates.value), (operands, updates.value)
 
     def bwd(residuals, cotangent):
-        return None, None, _updates_vjp(call, residuals, cotangent)
+        return None, None, updates_cotangent(*residuals, cotangent)
 
-    op.defvjp(fwd, bwd, symbolic_zeros=True)
-    return op
+    write_with_rules.defvjp(fwd, bwd, symbolic_zeros=True)
+    return write_with_rules
+
+
+@functools.cache
+def _with_rules(call: WriteCall):
+    return with_write_rules(
+        call.op, functools.partial(write_traced, call=call), functools.partial(_updates_vjp, call)
+    )
 
 
 @functools.cache

@@ -143,23 +143,12 @@ def write_differentiable(x, operands, updates, cfg: WriteConfig):
 
 @functools.cache
 def _with_rules(cfg: WriteConfig):
-    """The write, differentiable with respect to the updates for set and add, as the
-    local write is; the gradient for ``x`` and for the other ops is refused alike."""
-
-    @jax.custom_vjp
-    def op(x, operands, updates):
-        return write_traced(x, operands, updates, cfg)
-
-    def fwd(x, operands, updates):
-        _local_write.refuse_gradients(cfg.call.op, x, updates)
-        operands = tuple(primal.value for primal in operands)
-        return write_traced(x.value, operands, updates.value, cfg), (operands, updates.value)
-
-    def bwd(residuals, cotangent):
-        return None, None, _updates_cotangent(cfg, *residuals, cotangent)
-
-    op.defvjp(fwd, bwd, symbolic_zeros=True)
-    return op
+    """The write with the local write's rules: vmap refused, the gradient with respect
+    to the updates for set and add, the others refused alike."""
+    return _local_write.with_write_rules(
+        cfg.call.op, functools.partial(write_traced, cfg=cfg),
+        functools.partial(_updates_cotangent, cfg),
+    )
 
 
 def _updates_cotangent(cfg: WriteConfig, operands, updates, cotangent):

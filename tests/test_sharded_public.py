@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -271,3 +272,23 @@ def test_gpu_one_device_mesh_runs_the_kernel_inside_shard_map(backend):
 
 def _single():
     return jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+
+
+@pytest.mark.parametrize("spec", ["data", None], ids=["sharded", "replicated"])
+@pytest.mark.parametrize("method", ["set", "add", "max"])
+def test_vmap_of_a_write_to_a_buffer_on_a_mesh_is_refused_and_x_survives(spec, method):
+    # As for one device: vmap would return one copy of the whole buffer per batch entry.
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((2,), ("data",))
+    x0 = np.arange(32, dtype=np.float32).reshape(8, 4)
+    x = jax.device_put(x0, NamedSharding(mesh, P(spec), memory_kind="pinned_host"))
+
+    def write(u):
+        return getattr(pp.at(x)[np.array([1, 6], np.int32)], method)(u)
+
+    for batched in (jax.vmap(write), jax.jit(jax.vmap(write))):
+        with pytest.raises(NotImplementedError, match="does not support jax.vmap"):
+            batched(jnp.ones((3, 2, 4)))
+        assert not x.is_deleted() and np.asarray(x).tobytes() == x0.tobytes()
