@@ -127,16 +127,26 @@ def check_not_aliased(x: Any, *others: tuple[str, Any]) -> None:
         # Empty arrays may all share one (null) pointer: they hold nothing to alias.
         concrete = _placement.is_concrete(x) and _placement.is_concrete(other)
         if not same and concrete and x.size > 0 and other.size > 0:
-            try:
-                same = other.unsafe_buffer_pointer() == x.unsafe_buffer_pointer()
-            except (RuntimeError, ValueError):  # Deleted, or not one buffer.
-                same = False
+            same = not _buffer_pointers(other).isdisjoint(_buffer_pointers(x))
         if same:
             raise ValueError(
                 f"{name} is the buffer x itself; x is updated in place (donated), so it cannot "
                 f"also be read as {name}. Pass a copy: jnp.array({name}, copy=True), or put "
                 "it on the device with jax.device_put"
             )
+
+
+def _buffer_pointers(a: Any) -> set[int]:
+    """The device buffers behind ``a``: one, or one per addressable shard (a sharded or
+    replicated array has no single pointer); none for a deleted array."""
+    try:
+        return {a.unsafe_buffer_pointer()}
+    except (RuntimeError, ValueError):  # Deleted, or not one buffer.
+        pass
+    try:
+        return {shard.data.unsafe_buffer_pointer() for shard in a.addressable_shards}
+    except (RuntimeError, ValueError):
+        return set()
 
 
 def check_offsets(backend: str, what: str, shape: tuple[int, ...], dtype) -> None:

@@ -292,3 +292,19 @@ def test_vmap_of_a_write_to_a_buffer_on_a_mesh_is_refused_and_x_survives(spec, m
         with pytest.raises(NotImplementedError, match="does not support jax.vmap"):
             batched(jnp.ones((3, 2, 4)))
         assert not x.is_deleted() and np.asarray(x).tobytes() == x0.tobytes()
+
+
+@pytest.mark.parametrize("spec", ["data", None], ids=["sharded", "replicated"])
+def test_a_twin_of_a_buffer_on_a_mesh_is_refused_as_the_buffer_itself(spec):
+    # Another Array object over the same device buffers: x would be donated and read at once.
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((2,), ("data",))
+    x0 = np.arange(32, dtype=np.float32).reshape(8, 4)
+    x = jax.device_put(x0, NamedSharding(mesh, P(spec), memory_kind="pinned_host"))
+    twin = jax.make_array_from_single_device_arrays(
+        x.shape, x.sharding, [shard.data for shard in x.addressable_shards])
+    with pytest.raises(ValueError, match="updates is the buffer x itself"):
+        pp.at(x)[:, :].set(twin)
+    assert not x.is_deleted() and np.asarray(x).tobytes() == x0.tobytes()
