@@ -155,6 +155,21 @@ def test_buffer_past_2_31_elements():
     np.testing.assert_array_equal(_host_rows(out, targets + 1)[:-2], 0)  # Neighbours untouched.
 
 
+def test_buffer_of_more_rows_than_int32_wraps_negative_indices():
+    # 2**31 + 5 rows x 1 float32 (8 GiB): the one-launch kernels cannot wrap -1 in
+    # int32, so these small batches take the unfused path (its skip marker is -1 there).
+    rows = 2**31 + 5
+    x = jax.device_put(np.zeros((rows, 1), np.float32), sharding("pinned_host"))
+    idx = jnp.array([0, 2**31 - 1, -1, -5, 7, 7], jnp.int32)
+    upd = jnp.arange(1, 7, dtype=jnp.float32)[:, None]
+    targets = np.array([0, 2**31 - 1, rows - 1, rows - 5, 7])
+    out = pp.at(x)[idx].set(upd)
+    np.testing.assert_array_equal(_host_rows(out, targets)[:, 0], [1, 2, 3, 4, 6])
+    out = pp.at(out)[idx].add(upd)
+    np.testing.assert_array_equal(_host_rows(out, targets)[:, 0], [2, 4, 6, 8, 17])
+    np.testing.assert_array_equal(_host_rows(out, np.array([1, 6, 8, rows - 2]))[:, 0], 0)
+
+
 def _compiled_hlo(fn, *args, donate: bool) -> str:
     jitted = jax.jit(fn, donate_argnums=(0,) if donate else ())
     return jitted.lower(*args).compile().as_text()

@@ -95,3 +95,16 @@ def test_fused_path_duplicate_search_spans_many_chunks(request):
     with tuning.override(fused_max_updates=10**9):
         out = pp.scatter_to_host(_host(x0), jnp.asarray(idx), jnp.asarray(upd), backend="interpret")
     assert_same(np.asarray(out), scatter_oracle(x0, idx, upd))
+
+
+@pytest.mark.parametrize("method", ["set", "add"])
+def test_a_buffer_of_more_rows_than_int32_skips_the_one_launch_path(method):
+    # The one-launch kernels wrap a negative index by adding the row count in the
+    # indices' type (int32 without x64): past 2**31 - 1 rows the unfused path serves.
+    # Traced only (the buffer would be 8 GiB); tests/test_gpu.py runs it.
+    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    x = jax.ShapeDtypeStruct((2**31 + 5, 1), jnp.float32, sharding=pinned)
+    rows, updates = jnp.array([0, -1, 7, 7], jnp.int32), jnp.ones((4, 1), jnp.float32)
+    out = jax.eval_shape(
+        lambda x: getattr(pp.at(x)[rows], method)(updates, backend="interpret"), x)
+    assert out.shape == x.shape and out.dtype == x.dtype
