@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -295,7 +296,23 @@ def may_donate(*args) -> bool:
     """
     if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(args)):
         return False
-    return _trace_state_clean is None or bool(_trace_state_clean())
+    if _trace_state_clean is None:
+        _warn_trace_state_unknown()
+        return True
+    return bool(_trace_state_clean())
+
+
+@functools.cache
+def _warn_trace_state_unknown() -> None:
+    warnings.warn(
+        f"pallas_pinned cannot tell, with jax {jax.__version__}, whether a transformation "
+        "is on (jax._src.core.trace_state_clean has moved): an eager write with no traced "
+        "argument inside jax.grad or jax.vmap will consume its buffer x. Pass x through "
+        "the transformed function, or jit the write (under jit nothing is donated but what "
+        "you donate); please report this jax version",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def write(x, operands, updates, call: WriteCall):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -268,10 +270,16 @@ def test_a_write_with_no_traced_argument_inside_a_transformation_keeps_x(case, m
     assert_same(read(x), X0)
     # The documented fallback, should JAX's private trace state move: the
     # arguments' tracers decide alone, and this x is donated.
+    # It says so, once per process.
     monkeypatch.setattr(_local_write, "_trace_state_clean", None)
+    _local_write._warn_trace_state_unknown.cache_clear()
     x = put(X0)
-    _constant_writes(x)[case]()
+    with pytest.warns(RuntimeWarning, match="will consume its buffer x"):
+        _constant_writes(x)[case]()
     assert x.is_deleted()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _constant_writes(put(X0))[case]()
     # Outside any transformation the eager write still consumes x (in place).
     monkeypatch.undo()
     x = put(X0)
