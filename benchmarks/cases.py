@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pallas_pinned import tuning
-from pallas_pinned.testing import LOOP_TARGETS, LoopCase
+from pallas_pinned.testing import LoopCase
 
 GIB, MIB = 1 << 30, 1 << 20
 INT32_MAX = np.iinfo(np.int32).max
@@ -277,7 +277,3 @@ def why_loop_case_not_planned(case: LoopCase, buffer_bytes: int, max_step_bytes:
     if steps * case.rows * 4 > 256 * MIB:
         return "index table over 256 MiB"
     return None
-
-
-def is_loop_target(case: LoopCase) -> bool:
-    return case in LOOP_TARGETS

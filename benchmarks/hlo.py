@@ -43,7 +43,6 @@ _FREE = frozenset({
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
     "add-dependency", "opt-barrier", "partition-id", "replica-id", "domain",
 })
-_CONTROL = frozenset({"call", "conditional", "while"})
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")

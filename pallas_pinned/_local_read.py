@@ -121,7 +121,7 @@ def _read_copy(x, operands, call: ReadCall):
 
 def _read_rows(x2d, rows, *, impl: str, ascending: bool, thresholds: tuning.Thresholds):
     """``(n, d)`` rows of ``x2d`` for normalized ``rows``; zeros where out of range."""
-    if impl in ("xla", "xla_native"):  # A read has one XLA formulation.
+    if impl == "xla":
         return _host_xla.gather_rows(x2d, rows)
     kernel = functools.partial(_kernel_read, backend=impl, ascending=ascending,
                                thresholds=thresholds)

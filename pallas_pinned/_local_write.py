@@ -96,7 +96,6 @@ class WriteCall:
             unique=self.unique,
             ascending=self.ascending,
             thresholds=self.thresholds,
-            normalized=self.row_mode != self.mode or self.plan.kind != "axis0",
         )
 
 

@@ -77,8 +77,9 @@ warnings.filterwarnings(
 
 KERNEL_BACKENDS = ("pallas", "triton", "interpret")
 IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
-    op: ("block", "pallas", "triton", "xla_native", "xla")
-    for op in ("set", "add", "min", "max", "mul", "get")
+    **{op: ("block", "pallas", "triton", "xla_native", "xla")
+       for op in ("set", "add", "min", "max", "mul")},
+    "get": ("block", "pallas", "triton", "xla"),  # A read has one XLA formulation.
 }
 
 # The kernel modules of each family, imported on first launch.
@@ -234,8 +235,7 @@ def _table() -> dict:
     return table
 
 
-def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None, *,
-                    distinct: bool = False) -> str:
+def measured_choice(op: str, dtype, num_entries: int, *, distinct: bool = False) -> str:
     """The implementation the table measured fastest: ``"pallas"``, ``"triton"`` or ``"xla"``.
 
     The table lists, per op and dtype, size classes by their largest entry
@@ -248,7 +248,7 @@ def measured_choice(op: str, dtype, num_entries: int, table: dict | None = None,
     where the table measured such rows apart (XLA's set path skips our
     de-duplication there, and its add is slow on rows that repeat).
     """
-    table = _table() if table is None else table
+    table = _table()
     op = {"min": "add", "max": "add", "mul": "add", "get": "gather"}.get(op, op)
     entries = table["choices"].get(op, {}).get(str(jnp.dtype(dtype)), {})
     bounds = table.get("size_classes", [])

@@ -47,7 +47,6 @@ class RowWrite:
     unique: bool
     ascending: bool  # the normalized rows ascend
     thresholds: tuning.Thresholds
-    normalized: bool = False  # rows arrive normalized (skip markers), not as raw indices
 
 
 def write(x2d, rows, updates2d, cfg: RowWrite, implementation: str):

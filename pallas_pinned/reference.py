@@ -23,7 +23,6 @@ from pallas_pinned._rows import (
 
 __all__ = [
     "gather_rows_reference",
-    "scatter_add_rows_reference",
     "scatter_combine_rows_reference",
     "scatter_rows_reference",
 ]
@@ -66,10 +65,3 @@ def scatter_combine_rows_reference(
         rows, values = combine_duplicates(rows, values, num_rows, op=op)
     merged = COMBINERS[op](gather_rows_reference(x, rows).astype(acc), values).astype(x.dtype)
     return x.at[rows].set(merged, mode="drop", unique_indices=True, wrap_negative_indices=False)
-
-
-def scatter_add_rows_reference(
-    x: jax.Array, rows: jax.Array, updates: jax.Array, *, unique: bool = False
-) -> jax.Array:
-    """``x[rows[k]] += updates[k]``: :func:`scatter_combine_rows_reference` with ``"add"``."""
-    return scatter_combine_rows_reference(x, rows, updates, op="add", unique=unique)
