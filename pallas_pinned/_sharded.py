@@ -101,18 +101,10 @@ def _named_axes(spec) -> tuple[str, ...]:
 
 def _layout(x: Any) -> Layout:
     """``check_buffer``'s checks for a sharded buffer, and how it is split; or raises."""
-    if not (isinstance(x, jax.Array) or hasattr(x, "aval")):
-        raise TypeError(f"x must be a jax.Array (the buffer), got {type(x).__name__}")
+    _validation.check_buffer(x)
     concrete = _placement.is_concrete(x)
-    if concrete and x.is_deleted():
-        raise ValueError(
-            "x has been deleted (donated to an earlier call); use the array that call returned"
-        )
     if x.ndim == 0:
         raise ValueError(f"x must have at least one axis to index, got shape {x.shape}")
-    if jnp.dtype(x.dtype) not in _validation.SUPPORTED_DTYPES:
-        names = ", ".join(str(d) for d in _validation.SUPPORTED_DTYPES)
-        raise TypeError(f"unsupported dtype {x.dtype} for x; supported: {names}")
     sharding = x.sharding if concrete else jax.typeof(x).sharding
     if not isinstance(sharding, NamedSharding):
         raise ValueError(
