@@ -114,3 +114,10 @@ def test_modules_stay_small():
     sizes = {p.name: len(p.read_text().splitlines()) for p in _modules().values()}
     big = {name: lines for name, lines in sizes.items() if lines > 400}
     assert not big, big
+
+
+def test_the_testing_modules_backends_are_the_ops_own():
+    # testing.py loads none of the ops' modules, so it spells them out; they must agree.
+    from pallas_pinned import _validation, testing
+
+    assert testing.BACKENDS == _validation.BACKENDS
