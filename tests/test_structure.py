@@ -34,28 +34,47 @@ def _modules() -> dict[str, pathlib.Path]:
     return found
 
 
-def _imports(name: str, path: pathlib.Path) -> set[str]:
-    """The package modules ``name`` imports, anywhere in its source."""
+def _imports(name: str, path: pathlib.Path, modules: dict) -> set[str]:
+    """The package modules ``name`` imports, anywhere in its source: import statements
+    (a package, or a name its ``__init__`` defines, counts as its ``__init__``) and
+    ``importlib.import_module`` of a literal or f-string name (its literal prefix)."""
     package = name.rsplit(".", 1)[0]
+
+    def resolve(target: str) -> str | None:
+        target = target.rstrip(".")
+        for candidate in (target, f"{target}.__init__"):
+            if candidate in modules:
+                return candidate
+        return None
+
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
+            found = [resolve(alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # Relative: from .x import y / from . import y.
                 base = ".".join([package] + ([base] if base else []))
-            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            found = [resolve(f"{base}.{alias.name}") or resolve(base) for alias in node.names]
+        elif (
+            isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+            and node.args
+        ):
+            arg = node.args[0]
+            if isinstance(arg, ast.JoinedStr) and arg.values:
+                arg = arg.values[0]
+            literal = arg.value if isinstance(arg, ast.Constant) else None
+            found = [resolve(literal)] if isinstance(literal, str) else []
         else:
             continue
-        out |= {t for t in targets if t.startswith("pallas_pinned")}
+        out |= {t for t in found if t is not None and t.startswith("pallas_pinned")}
     return out
 
 
 def _graph():
     modules = _modules()
     return {
-        name: {t for t in _imports(name, path) if t in modules and t != name}
+        name: {t for t in _imports(name, path, modules) if t != name}
         for name, path in modules.items()
     }
 
@@ -121,3 +140,19 @@ def test_the_testing_modules_backends_are_the_ops_own():
     from pallas_pinned import _validation, testing
 
     assert testing.BACKENDS == _validation.BACKENDS
+
+
+def test_the_import_reader_sees_the_package_root_and_import_module(tmp_path):
+    # What a helper could otherwise use to reach a public op unseen.
+    source = tmp_path / "_rows.py"
+    source.write_text(
+        "import importlib\nimport pallas_pinned\nfrom pallas_pinned import scatter_to_host\n"
+        "from . import _block\nimportlib.import_module('pallas_pinned.at')\n"
+        "importlib.import_module(f'pallas_pinned.kernels.{name}')\n"
+    )
+    found = _imports("pallas_pinned._rows", source, _modules())
+    assert found == {
+        "pallas_pinned.__init__", "pallas_pinned._block", "pallas_pinned.at",
+        "pallas_pinned.kernels.__init__",
+    }, found
+    assert _layer("pallas_pinned.__init__") == 0  # The public layer: upward from a helper.
