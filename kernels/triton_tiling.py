@@ -14,6 +14,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from .row_layout import next_pow2
+
 __all__ = [
     "EVICTION_POLICIES", "LOAD_CACHE_MODIFIERS", "STORE_CACHE_MODIFIERS", "TritonTiling",
     "check_entries", "check_tiling", "check_updates", "choose_tiling", "grid",
@@ -81,10 +83,6 @@ class TritonTiling:
     eviction_policy: str = ""
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -100,11 +98,11 @@ def tiling_for_tile_bytes(
     thread at most), 1 to 8: tiny tiles do not pay for idle warps.
     """
     d = max(d, 1)
-    block_cols = min(_next_pow2(d), max(1, max_col_block_bytes // itemsize))
-    block_cols = max(block_cols, _next_pow2(_cdiv(d, MAX_COL_PROGRAMS)))
+    block_cols = min(next_pow2(d), max(1, max_col_block_bytes // itemsize))
+    block_cols = max(block_cols, next_pow2(_cdiv(d, MAX_COL_PROGRAMS)))
     rows_per_tile = max(1, tile_bytes // (block_cols * itemsize))
-    block_rows = min(_next_pow2(max(n, 1)), _next_pow2(rows_per_tile))
-    num_warps = min(8, _next_pow2(max(1, block_rows * block_cols * itemsize // 2048)))
+    block_rows = min(next_pow2(max(n, 1)), next_pow2(rows_per_tile))
+    num_warps = min(8, next_pow2(max(1, block_rows * block_cols * itemsize // 2048)))
     return TritonTiling(block_rows, block_cols, num_warps)
 
 

@@ -32,7 +32,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned._rows import index_dtype, skip_row
+from pallas_pinned._rows import index_dtype, skip_row, to_wide
 
 __all__ = ["IndexPlan", "Item"]
 
@@ -123,7 +123,7 @@ class IndexPlan:
         wide = index_dtype()
         if self.kind == "axis0":
             if mode == "wrap":  # The row path's own modes do not wrap: take the modulus here.
-                return jnp.mod(_widen(operands[0], wide), self.num_rows).reshape(-1)
+                return jnp.mod(to_wide(jnp.asarray(operands[0]), wide), self.num_rows).reshape(-1)
             return operands[0]
         total = jnp.zeros((), wide)
         valid = jnp.ones((), bool)
@@ -248,14 +248,7 @@ class _PY:
 def _start_of(item: Item, operands, wide):
     if item.operand is None:
         return jnp.asarray(item.value, wide)
-    return _widen(operands[item.operand], wide)
-
-
-def _widen(a, wide):
-    a = jnp.asarray(a)
-    if jnp.iinfo(a.dtype).max > jnp.iinfo(wide).max:
-        a = jnp.minimum(a, jnp.asarray(jnp.iinfo(wide).max, a.dtype))
-    return a.astype(wide)
+    return to_wide(jnp.asarray(operands[item.operand]), wide)
 
 
 def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps: bool = True):

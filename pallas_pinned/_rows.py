@@ -53,7 +53,8 @@ def to_wide_numpy(rows: np.ndarray, wide) -> np.ndarray:
     return rows.astype(wide)
 
 
-def _to_wide(rows, wide):
+def to_wide(rows, wide):
+    """``rows`` cast to the integer type ``wide``, saturating values above its range."""
     dtype = jnp.dtype(rows.dtype)
     info = jnp.iinfo(wide)
     if jnp.iinfo(dtype).max > info.max:
@@ -67,7 +68,7 @@ def widen(rows):
     """Flat rows of :func:`index_dtype`, saturating (host indices are wide already)."""
     if isinstance(rows, np.ndarray):
         return jnp.asarray(to_wide_numpy(rows.reshape(-1), index_dtype()))
-    return _to_wide(jnp.ravel(rows), index_dtype())
+    return to_wide(jnp.ravel(rows), index_dtype())
 
 
 def normalize_rows(rows, num_rows: int, mode: str | None):
