@@ -109,11 +109,18 @@ def _read_copy(x, operands, call: ReadCall):
     rows = _rows.normalize_rows(_placement.to_device_memory(rows), plan.num_rows, row_mode)
     x2d = x.reshape(plan.num_rows, plan.width)
     out2d = jax.device_put(_rows_op(impl, call.ascending, call.thresholds)(x2d, rows), _DEVICE)
-    if call.fill_mode:
-        # lax.full_like converts as jnp's own fill does (e.g. 1000 wraps in int8).
-        fill = lax.full_like(out2d, call.fill_value(x.dtype))
-        out2d = jnp.where(_rows.rows_in_range(rows, plan.num_rows)[:, None], out2d, fill)
+    out2d = fill_out_of_range(out2d, rows, call, x.dtype)
     return jax.device_put(out2d.reshape(out_shape), _DEVICE)
+
+
+def fill_out_of_range(out2d, rows, call: ReadCall, dtype):
+    """In a fill mode, the fill value in the ``(n, d)`` rows read where ``rows`` (the
+    normalized rows of ``call``'s plan) are out of range; else ``out2d`` as it is."""
+    if not call.fill_mode:
+        return out2d
+    # lax.full_like converts as jnp's own fill does (e.g. 1000 wraps in int8).
+    fill = lax.full_like(out2d, call.fill_value(dtype))
+    return jnp.where(_rows.rows_in_range(rows, call.plan.num_rows)[:, None], out2d, fill)
 
 
 # --- the row read: kernel or XLA -----------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -244,7 +245,8 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
     if math.prod(out_shape) == 0 or x.size == 0:
         # Nothing to read (or nothing there: fill mode, checked above); a jit
         # that reads nothing has no devices to run on, so the result is built here.
-        value = _validation.default_fill(x.dtype) if fill is None else fill
+        # The fill converted as jnp's (and the one-device read's) is: 1000 wraps in int8.
+        value = np.asarray(lax.full((), call.fill_value(x.dtype), x.dtype))
         out = np.full(out_shape, value if x.size == 0 else 0, jnp.dtype(x.dtype))
         return jax.device_put(out, NamedSharding(layout.mesh, P()))
     return gather_jit(x, operands, cfg)

@@ -237,20 +237,14 @@ def _bits_dtype(dtype):
 def gather_traced(x, operands, cfg: GatherConfig):
     plan = cfg.call.plan
     out_shape = plan.result_shape
-    fill_mode = cfg.call.mode in _validation.FILL_MODES
-    value = cfg.call.fill.value
-    fill_value = _validation.default_fill(x.dtype) if value is None else value
     if math.prod(out_shape) == 0 or x.size == 0:
         # An empty axis is only allowed in fill mode (checked up front).
-        out = jnp.full(out_shape, fill_value if x.size == 0 else 0, x.dtype)
+        out = jnp.full(out_shape, cfg.call.fill_value(x.dtype) if x.size == 0 else 0, x.dtype)
         return replicated(_placement.read_nothing_of(x, out), cfg.layout)
     operands = _gathered(operands, cfg.layout)  # As for the writes.
     rows = replicated(_global_rows(plan, operands, cfg.call.mode, read=True), cfg.layout)
     out = _read_on_owners(cfg, x, rows, functools.partial(_read_shard, cfg))
-    if fill_mode:
-        # lax.full_like converts as jnp's own fill does (e.g. 1000 wraps in int8).
-        fill = lax.full_like(out, fill_value)
-        out = jnp.where(_rows.rows_in_range(rows, plan.num_rows)[:, None], out, fill)
+    out = _local_read.fill_out_of_range(out, rows, cfg.call, x.dtype)
     return replicated(out.reshape(out_shape), cfg.layout)
 
 

@@ -308,3 +308,25 @@ def test_a_twin_of_a_buffer_on_a_mesh_is_refused_as_the_buffer_itself(spec):
     with pytest.raises(ValueError, match="updates is the buffer x itself"):
         pp.at(x)[:, :].set(twin)
     assert not x.is_deleted() and np.asarray(x).tobytes() == x0.tobytes()
+
+
+@pytest.mark.parametrize("fill_value", [None, 1000, -1])
+def test_a_fill_read_of_an_empty_axis_converts_the_fill_as_on_one_device(fill_value):
+    # jnp refuses such reads; ours fill them, converting the fill as jnp would (1000
+    # wraps in int8), eagerly and under jit, sharded as on one device.
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((2,), ("data",))
+    x0 = np.zeros((4, 0, 3), np.int8)
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    sharded = NamedSharding(mesh, P("data"), memory_kind="pinned_host")
+
+    def read(x):
+        return pp.at(x)[:, jnp.array([0, 1])].get(mode="fill", fill_value=fill_value)
+
+    expected = np.asarray(read(jax.device_put(x0, one)))
+    assert expected.shape == (4, 2, 3) and len(set(expected.ravel().tolist())) == 1
+    x = jax.device_put(x0, sharded)
+    for call in (read, jax.jit(read)):
+        assert np.asarray(call(x)).tobytes() == expected.tobytes()
