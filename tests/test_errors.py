@@ -174,6 +174,7 @@ def test_add_bad_input_leaves_x_alone(kwargs, error, match):
     with pytest.raises(error, match=match):
         scatter_add_to_host(x, **kwargs)
     assert not x.is_deleted()
+    np.testing.assert_array_equal(read(x), np.arange(12, dtype=np.float32).reshape(6, 2))
 
 
 def test_add_into_bool_is_refused_as_in_jnp():

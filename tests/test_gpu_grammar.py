@@ -8,6 +8,7 @@ memory. Needs a CUDA GPU (marker ``gpu``).
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import jax
@@ -17,7 +18,7 @@ import pytest
 
 import pallas_pinned as pp
 from pallas_pinned import tuning
-from tests.helpers import triton_available
+from tests.helpers import TRITON
 
 pytestmark = pytest.mark.gpu
 
@@ -36,11 +37,8 @@ FORMS = {
 METHODS = ("set", "add", "min", "max", "multiply")
 
 
-def _backends():
-    names = ["auto", "pallas", "xla"]
-    if triton_available():
-        names.append("triton")
-    return names
+# Triton as a marked parameter: without the extra it shows as a skip, never vanishes.
+BACKENDS = ["auto", "pallas", "xla", TRITON]
 
 
 def _oracle(a):
@@ -53,7 +51,7 @@ def _host(a):
     return jax.device_put(a, sharding)
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("form", list(FORMS))
 def test_every_form_and_method_matches_jnp(form, backend):
     rng = np.random.default_rng(zlib.crc32(form.encode()))
@@ -120,7 +118,9 @@ def test_block_write_in_jit_does_not_copy_the_buffer():
     step = jax.jit(lambda x, s, y: pp.at(x)[jax.ds(s, 64)].set(y), donate_argnums=0)
     hlo = step.lower(x, 3, np.ones((64, 256), np.float32)).compile().as_text()
     assert "S(5)" in hlo
-    big = [line for line in hlo.splitlines() if " copy(" in line and "65536,256" in line]
+    # Neither a copy nor an asynchronous copy (copy-start) of the whole buffer.
+    big = [line for line in hlo.splitlines()
+           if re.search(r" copy(-start)?\(", line) and "65536,256" in line]
     assert not big, big
     out = step(x, 3, np.ones((64, 256), np.float32))
     assert np.asarray(out)[3:67].min() == 1.0 and np.asarray(out)[67:].max() == 0.0

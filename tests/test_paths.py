@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from pallas_pinned import tuning
+from pallas_pinned import _rows, tuning
 from pallas_pinned.testing import assert_same, scatter_oracle
 
 KERNEL_BACKENDS = ["interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
@@ -63,20 +63,37 @@ def test_set_paths_agree_with_the_oracle(request, backend, path, mode, n, width)
     assert_same(np.asarray(out), scatter_oracle(x0, idx, upd, mode))
 
 
+# The unfused add's two ways of putting duplicates in a stable order (rank counting up to
+# the threshold, a sort beyond), on each of its paths (the one-launch add is off).
+ADD_ORDERS = {
+    "combined on the device": dict(add_runs_in_kernel=False, threshold="small_combine_max"),
+    "runs summed in the kernel": dict(add_runs_in_kernel=True, threshold="runs_rank_max"),
+}
+
+
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("path", list(ADD_ORDERS))
 @pytest.mark.parametrize("n", [2, 33, 700])
-def test_add_rank_order_and_sort_order_give_the_same_bits(request, backend, n):
+def test_add_rank_order_and_sort_order_give_the_same_bits(request, monkeypatch, backend, path, n):
     rng = _rng(request)
     x0 = rng.standard_normal((50, 4)).astype(np.float32)
     idx = rng.integers(-60, 60, n).astype(np.int32)  # Many duplicates, some dropped.
     upd = rng.standard_normal((n, 4)).astype(np.float32)
+    settings = dict(ADD_ORDERS[path])
+    threshold = settings.pop("threshold")
+    orders = []  # Which order each traced call took: rank counting or a sort.
+    real_order = _rows.stable_order
+    monkeypatch.setattr(_rows, "stable_order", lambda rows, *, small_max: orders.append(
+        rows.shape[0] <= small_max) or real_order(rows, small_max=small_max))
     results = []
     for small_max in (0, 10**9):
-        with tuning.override(small_combine_max=small_max):
+        with tuning.override(fused_max_adds=0, **settings, **{threshold: small_max}):
             out = pp.scatter_add_to_host(
                 _host(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend
             )
         results.append(np.asarray(out))
+    if n > 1:
+        assert orders == [False, True], orders  # A sort, then rank counting.
     assert_same(results[0], results[1], what="rank order vs sort order")
     expected = x0.copy()
     keep = (idx >= -50) & (idx < 50)

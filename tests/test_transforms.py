@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import jax
@@ -65,8 +66,14 @@ def test_vmap_is_refused_with_the_alternative():
 def test_vmap_of_gather_over_indices_is_one_call(backend, kind):
     idx = jnp.array([[0, -1, 3], [12, -13, 5]])
     x = put(X0, kind)
-    out = jax.vmap(lambda i: gather_from_host(x, i, mode="fill", backend=backend))(idx)
+    batched = jax.vmap(lambda i: gather_from_host(x, i, mode="fill", backend=backend))
+    out = batched(idx)
     check_gather(out, X0, np.asarray(idx), "fill")
+    # One read of all 2 x 3 entries: each read in the batched program (one per branch
+    # of auto's platform_dependent) returns the 6 rows, none a batch entry's 3.
+    reads = re.findall(r"\[(\d+),(\d+)\] = (?:gather|pallas_call)\[",
+                       str(jax.make_jaxpr(batched)(idx)))
+    assert reads and set(reads) == {("6", "2")}, reads
     out = jax.jit(jax.vmap(lambda i: gather_from_host(x, i, backend=backend), 1, 1))(idx)
     check_gather(out, X0, np.asarray(idx))
     # An empty batch reads nothing: no kernel is given zero rows.
