@@ -119,6 +119,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if missing and os.environ.get("CI") == "true":
         terminalreporter.write_line(
             f"FAILED (CI): {sum(missing.values())} tests skipped for a dependency of the "
-            f"[test] extra: {dict(missing)}; the extra must install triton and jax-triton",
+            f"[test] extra: {dict(missing)}; the extra must install them (triton, jax-triton, "
+            "the notebook packages)",
             red=True,
         )

@@ -26,11 +26,14 @@ def has_gpu() -> bool:
 
 def triton_available() -> bool:
     """triton and jax-triton both installed (the kernels import with triton alone)."""
-    try:
-        from pallas_pinned.kernels import triton_common
+    if no_triton() is not None:
+        return False
+    # Not guarded: with triton installed, failing to import our module is a bug to see.
+    from pallas_pinned.kernels import triton_common
 
+    try:
         triton_common.check_installed()
-    except ImportError:
+    except ImportError:  # jax-triton, or one of its own dependencies, is not installed.
         return False
     return True
 
@@ -108,7 +111,10 @@ def in_place_jit(function, on_host: bool):
 TRITON_MISSING = "triton is not installed"
 TRITON_EXTRA_MISSING = "needs pallas-pinned[triton]"
 JAX_TRITON_MISSING = "jax-triton is not installed"
-EXTRA_SKIP_REASONS = (TRITON_MISSING, TRITON_EXTRA_MISSING, JAX_TRITON_MISSING)
+NOTEBOOK_PACKAGES_MISSING = "the notebook packages of the [test] extra are not installed"
+EXTRA_SKIP_REASONS = (
+    TRITON_MISSING, TRITON_EXTRA_MISSING, JAX_TRITON_MISSING, NOTEBOOK_PACKAGES_MISSING,
+)
 
 # Every correctness case runs through each backend. "pallas" and "triton"
 # compile Triton kernels, so they exist on a GPU only; "triton" also needs

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import NOTEBOOK_PACKAGES_MISSING
+
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = (
     "01_dynamic_indices_on_pinned_host.ipynb",
@@ -41,8 +43,8 @@ def _notebook_client():
             missing.append(module)
     if missing:
         pytest.skip(
-            f"{', '.join(missing)} not installed: pip install -e '.[test]' (needs "
-            "nbclient, nbformat, ipykernel, matplotlib) to run the notebooks"
+            f"{NOTEBOOK_PACKAGES_MISSING}: {', '.join(missing)}; pip install -e '.[test]' "
+            "(nbclient, nbformat, ipykernel, matplotlib) to run the notebooks"
         )
     import nbformat
     from nbclient import NotebookClient
