@@ -8,6 +8,8 @@ that path (``--xla-path-table``).
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 # Repeated runs of one case spread by a few percent (benchmarks/results/loop_h200.json,
 # min/max per record): a smaller difference is not a measurement of which is faster.
@@ -29,7 +31,51 @@ UNMEASURED_CLIENT = (None, "the sparse-training client: unmeasured")
 
 
 def usable(r: dict) -> bool:
-    return r.get("us_per_step") is not None and r.get("correct") is not False
+    # Checked and right: a row left unchecked (correct None) is no evidence either way.
+    return r.get("us_per_step") is not None and r.get("correct") is True
+
+
+def unusable(records: list[dict], providers) -> list[str]:
+    """The rows of ``providers`` no choice reads, each with why: its status where not ok
+    (an error, a skip), else its check (wrong, or unchecked) or its missing time."""
+    def why(r):
+        if r.get("status", "ok") != "ok":
+            return r["status"]
+        return {False: "incorrect", None: "unchecked"}.get(r.get("correct"), "untimed")
+
+    return [f"{r['provider']}[{r.get('backend')}] {r['dtype']} {r['rows']} rows x "
+            f"{r['row_bytes']} B: {why(r)}"
+            for r in records if r["provider"] in providers and not usable(r)]
+
+
+def say_left_out(records: list[dict], providers, dropped: list[str]) -> None:
+    """Names, on stderr, the rows of ``providers`` no choice read and the cases that
+    left out (``dropped``, from :func:`benchmarks.choose_backends.choose`)."""
+    for line in [*(f"row not read: {u}" for u in unusable(records, providers)),
+                 *(f"case dropped: {d}" for d in dropped)]:
+        print(f"  {line}", file=sys.stderr)
+
+
+def named_or_default(args, defaults: dict[str, Path | list[Path]]) -> None:
+    """Sets each argument of ``defaults`` the user left out (None) to its default.
+
+    A file the user named must exist: the run exits naming every one that does not. An
+    absent default (they are committed) is said, and its evidence is then unmeasured.
+    """
+    missing = []
+    for name, default in defaults.items():
+        given = getattr(args, name)
+        if given is None:
+            setattr(args, name, default)
+            for path in default if isinstance(default, list) else [default]:
+                if not path.exists():
+                    print(f"  note: the default {path} is absent: that evidence is unmeasured",
+                          file=sys.stderr)
+        else:
+            missing += [str(p) for p in (given if isinstance(given, list) else [given])
+                        if not p.exists()]
+    if missing:
+        raise SystemExit(f"no such file: {', '.join(missing)}")
 
 
 def client_verdict(run: dict | None, label: str = "") -> tuple[bool | None, str]:

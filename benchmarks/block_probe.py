@@ -25,7 +25,9 @@ Prediction (written before the first run): the block copy costs what
 ``xla_dus`` costs (same HLO, same DMA) and ``ours_drop`` one more block read;
 kernel rows cost what the loop benchmark's set costs for the same rows
 (18-28 µs at 64-1024 x 1 KiB on the H200, against 8.8 µs for XLA's copy).
-Every variant's final buffer is checked against the ``xla_dus`` one.
+Every variant's final buffer is checked against the ``xla_dus`` one, and every
+reader's rows, step by step, against the block at each position (bit for bit, in
+an untimed run; the timed one sums each step's rows, as the committed runs did).
 
 Outcome of the first run (H200, 2026-12-03 09:17 UTC; its results file has
 since been replaced by the run below): the prediction was wrong twice.
@@ -65,7 +67,7 @@ import numpy as np
 from jax import lax
 
 import pallas_pinned as pp
-from benchmarks import environment, hlo
+from benchmarks import environment, hlo, report
 from pallas_pinned import tuning
 from pallas_pinned.testing import time_calls
 
@@ -129,19 +131,28 @@ def run_case(num_rows, n, width, steps, repeats, compiler_options=None):
     for name, final in finals.items():
         if not np.array_equal(final, finals["xla_dus"]):
             raise AssertionError(f"{name} wrote a different buffer than xla_dus")
-    x = _host(rng.standard_normal((num_rows, width)).astype(np.float32))
-    outs = {}
+    source = rng.standard_normal((num_rows, width)).astype(np.float32)
+    x = _host(source)
+    # The rows each step must read, in order: a reader is checked on every row it
+    # returned, bit for bit (a sum would pass rows read in the wrong order).
+    expected = np.stack([source[p:p + n] for p in np.asarray(positions)])
     for name, (read, block_copy) in _readers(n).items():
-        def loop(x, read=read):
+        def rows_read(x, read=read):
+            return lax.scan(lambda c, p: (c, read(x, p)), 0, positions)[1]
+
+        def loop(x, read=read):  # Timed: each step's rows summed, as in the committed runs.
             return lax.scan(lambda c, p: (c + read(x, p).sum(), None), 0.0, positions)[0]
 
         with tuning.override(block_copy=block_copy):
+            if not np.array_equal(np.asarray(jax.jit(rows_read)(x)), expected):
+                raise AssertionError(f"{name} read other rows than the block at each position")
             step = jax.jit(loop).lower(x).compile(compiler_options)
             out, seconds = time_calls(lambda s, x, f=step: f(x), None, x, repeats=repeats)
-        outs[name] = float(out)
+        # float32 sums in another order: within a bound set by the magnitudes summed.
+        tolerance = 1e-5 * float(np.abs(expected).sum(dtype=np.float64))
+        if abs(float(out) - float(expected.sum(dtype=np.float64))) > tolerance:
+            raise AssertionError(f"{name}'s timed program summed {float(out)}, not the rows'")
         results[name] = [s / steps * 1e6 for s in seconds]
-    if len({round(v, 2) for v in outs.values()}) != 1:
-        raise AssertionError(f"reads disagree: {outs}")
     return results, step_ops
 
 
@@ -162,8 +173,8 @@ def main(argv=None):
     if args.rows:
         cases = [(int(n), args.row_bytes // 4) for n in args.rows.split(",")]
     records = []
-    print(f"{'rows x bytes':>14} " + " ".join(f"{k:>13}" for k in
-          list(_writers(1)) + list(_readers(1))) + "   (us per step, median)")
+    print(f"{'rows x bytes':>14} " + " ".join(f"{k:>22}" for k in
+          list(_writers(1)) + list(_readers(1))) + "   (us per step, median [min–max])")
     for n, width in cases:
         num_rows = buffer_bytes // (width * 4)
         res, step_ops = run_case(num_rows, n, width, steps, repeats, args.compiler_options)
@@ -173,7 +184,9 @@ def main(argv=None):
                         "min_us": {k: min(v) for k, v in res.items()},
                         "max_us": {k: max(v) for k, v in res.items()},
                         "step_ops": step_ops, "promise_same_step_ops_as_xla_dus": same})
-        print(f"{n:>7} x {width * 4:>4} " + " ".join(f"{med[k]:13.1f}" for k in med))
+        print(f"{n:>7} x {width * 4:>4} " + " ".join(
+            f"{f'{med[k]:.1f}' + report.span(min(res[k]), max(res[k]), '.1f'):>22}"
+            for k in med))
         print(f"    ours_promise's compiled step launches what xla_dus's does: {same} "
               f"({step_ops['ours_promise']} / {step_ops['xla_dus']})")
     meta = {"jax": jax.__version__, "device": str(jax.devices()[0]), "steps": steps,

@@ -231,7 +231,7 @@ def estimate_sweep_seconds(plan: list[Case], providers: tuple[str, ...], args, s
             else:
                 ups, bps = _RATES.get(p, (1e8, 1e10))
                 one = 3e-5 + case.n_updates / ups + payload / bps
-            runs = 1 + args.warmup + max(args.reps, min(args.max_reps, args.min_time_s / one))
+            runs = 2 + args.warmup + max(args.reps, min(args.max_reps, args.min_time_s / one))
             total += _OVERHEAD_S["jax" if p in JITTED_PROVIDERS else "other"] + runs * one
     return total
 

@@ -65,6 +65,8 @@ from benchmarks.backend_evidence import (
     XLA_PATH_OPS,
     client_verdict,
     faster,
+    named_or_default,
+    say_left_out,
     slower,
     usable,
     xla_path_table,
@@ -139,12 +141,17 @@ def _class_times(records: list[dict]) -> dict:
     return times
 
 
-def _compared(cases: dict) -> tuple[list[dict], str, dict]:
+def _compared(cases: dict, dropped: list[str], where: str) -> tuple[list[dict], str, dict]:
     """The cases timed with the kernels and XLA, the kernel chosen between the two, and
-    each provider's time summed over those cases."""
-    full = [c for c in cases.values() if {"pallas", "triton", "xla"} <= set(c)]
-    if not full:
-        full = [c for c in cases.values() if {"pallas", "xla"} <= set(c)]
+    each provider's time summed over those cases. A case left out for a missing time
+    (its provider errored, was wrong or did not run) is named in ``dropped``."""
+    need = {"pallas", "triton", "xla"}
+    if not any(need <= set(c) for c in cases.values()):
+        need = {"pallas", "xla"}
+    full = [c for c in cases.values() if need <= set(c)]
+    dropped += [f"{where}: {rows} rows x {row_bytes} B: no usable "
+                f"{', '.join(sorted(need - set(c)))}"
+                for (rows, row_bytes), c in cases.items() if full and not need <= set(c)]
     totals = {k: sum(c[k] for c in full) for k in (full[0] if full else ())}
     triton = "triton" in totals and faster(totals["triton"], totals["pallas"])
     return full, "triton" if triton else "pallas", totals
@@ -183,7 +190,8 @@ _VERDICT_WORDS = {True: "not slower", False: "slower", None: "unmeasured"}
 def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None = None,
            add_client: tuple[bool | None, str] = UNMEASURED_CLIENT,
            distinct_client: tuple[bool | None, str] = UNMEASURED_CLIENT,
-           materialized: list[dict] | None = None) -> tuple[list[int], dict]:
+           materialized: list[dict] | None = None,
+           dropped: list[str] | None = None) -> tuple[list[int], dict]:
     """``(size_classes, choices)`` from a loop run's records.
 
     ``xla_path_records`` (label -> records) are earlier runs in which ``auto``
@@ -198,8 +206,10 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
     add path does not de-duplicate, so the loop's unpromised rows (distinct, as its
     rows always are) measured the very program a promised add runs. ``materialized``
     (records of the grid with each step's inputs materialized) adds its cases to every
-    judgment of XLA's path, not to the kernel choice.
+    judgment of XLA's path, not to the kernel choice. ``dropped`` (when given) gets the
+    cases a class left out for a provider with no usable time.
     """
+    dropped = [] if dropped is None else dropped
     times = _class_times(records)
     materialized_times = _class_times(materialized or [])
     sources = {"this run": times} | {label: _class_times(r)
@@ -210,7 +220,7 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
         op, dtype, rows = key
         if op not in OPS:  # evidence for another op's entry
             continue
-        full, kernel, totals = _compared(cases)
+        full, kernel, totals = _compared(cases, dropped, f"{op} {dtype} <= {rows} rows")
         if not full:
             continue
         entry = {"backend": kernel, "cases": len(full)}
@@ -288,22 +298,23 @@ def _judge_xla_path(entry: dict, key: tuple, full: list[dict], kernel: str, sour
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", nargs="?", type=Path, default=DEFAULT_SOURCE)
+    parser.add_argument("source", nargs="?", type=Path, default=None,
+                        help=f"the loop run (default: {_label(DEFAULT_SOURCE)})")
     parser.add_argument("--out", type=Path, default=TABLE)
     parser.add_argument(
         "--xla-path-from", type=Path, action="append", default=None,
         help="earlier loop runs in which auto ran XLA's path with our de-duplication "
              f"(default: {DEFAULT_XLA_PATH.relative_to(REPO)})")
     parser.add_argument(
-        "--add-client-from", type=Path, default=DEFAULT_ADD_CLIENT,
+        "--add-client-from", type=Path, default=None,
         help="a sparse-training run under a table with XLA's add path: add takes that path "
              f"only where it was not slower there (default: {_label(DEFAULT_ADD_CLIENT)})")
     parser.add_argument(
-        "--distinct-client-from", type=Path, default=DEFAULT_DISTINCT_CLIENT,
+        "--distinct-client-from", type=Path, default=None,
         help="the same on ids that seldom repeat: decides add's distinct_backend (default: "
              f"{_label(DEFAULT_DISTINCT_CLIENT)})")
     parser.add_argument(
-        "--materialized-from", type=Path, default=DEFAULT_MATERIALIZED,
+        "--materialized-from", type=Path, default=None,
         help="the loop with its step inputs materialized: its cases also judge XLA's path "
              f"(default: {_label(DEFAULT_MATERIALIZED)})")
     parser.add_argument(
@@ -318,10 +329,13 @@ def main(argv=None) -> int:
         print(f"wrote {args.xla_path_table}: the shipped table, every set and add class on "
               "XLA's path")
         return 0
+    named_or_default(args, {"source": DEFAULT_SOURCE, "xla_path_from": [DEFAULT_XLA_PATH],
+                            "add_client_from": DEFAULT_ADD_CLIENT,
+                            "distinct_client_from": DEFAULT_DISTINCT_CLIENT,
+                            "materialized_from": DEFAULT_MATERIALIZED})
     run = json.loads(args.source.read_text())
     meta = run["meta"]
-    earlier_paths = [DEFAULT_XLA_PATH] if args.xla_path_from is None else args.xla_path_from
-    earlier = {_label(p): json.loads(p.read_text())["records"] for p in earlier_paths
+    earlier = {_label(p): json.loads(p.read_text())["records"] for p in args.xla_path_from
                if p.resolve() != args.source.resolve() and p.exists()}
     clients = [client_verdict(json.loads(p.read_text()) if p.exists() else None, _label(p))
                for p in (args.add_client_from, args.distinct_client_from)]
@@ -330,7 +344,9 @@ def main(argv=None) -> int:
     if materialized is not None and materialized["meta"].get("inputs") != "materialized":
         raise SystemExit(f"{args.materialized_from} is not a run with --inputs materialized")
     classes, choices = choose(run["records"], earlier, *clients,
-                              materialized=materialized and materialized["records"])
+                              materialized=materialized and materialized["records"],
+                              dropped=(dropped := []))
+    say_left_out(run["records"], PROVIDERS, dropped)
     source = args.source.resolve()
     table = {
         "source": str(source.relative_to(REPO) if source.is_relative_to(REPO) else source),

@@ -25,7 +25,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def optional_import(name: str) -> tuple[ModuleType | None, str | None]:
-    """``(module, None)``, or ``(None, why)`` when importing it raises ImportError."""
+    """``(module, None)``, or ``(None, why)`` when importing it raises ImportError.
+
+    For third-party packages only (torch, triton, jax_triton): an ImportError inside a
+    module of ours is a bug that must fail the run, not make a provider "unavailable".
+    """
+    if name.split(".")[0] in ("benchmarks", "pallas_pinned"):
+        raise ValueError(f"{name} is ours: import it unguarded, after its third-party deps")
     try:
         return importlib.import_module(name), None
     except ImportError as err:

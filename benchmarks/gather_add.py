@@ -21,7 +21,8 @@ Cases: random unique rows of 4, 512 and 2048 bytes (float32) from/into a
 Every provider is checked once per case on sampled rows against the numpy
 oracles of ``pallas_pinned.testing`` (the ceiling against its source), then
 timed with ``benchmarks.timing``: warm-up, device-synchronized runs, median,
-min and max. Prints a table and the issue's two target ratios; writes
+min and max. Prints a table, the issue's two target ratios and ours against XLA
+for gather and add (``n/a`` with the reason where a side errored or was wrong); writes
 ``gather_add.json`` under ``--out``. Exits 1 on any error or wrong result.
 """
 
@@ -183,16 +184,42 @@ def print_results(records: list[dict]) -> None:
                      f"{r['min_s'] * 1e6:.1f}", f"{r['max_s'] * 1e6:.1f}", f"{r['gbps']:.2f}",
                      f"{r['updates_per_s'] / 1e6:.1f}", str(r["correct"])])
     report.print_table(header, rows, "gather and add", left=("case", "provider"))
-    by = {(r["case"], r["provider"]): r for r in records if r["status"] == "ok"}
-    print("\ntargets:")
+    print("\ntargets (medians; ratios of checked results only):")
     for case in dict.fromkeys(r["case"] for r in records):
-        g, c = by.get((case, "gather_ours")), by.get((case, "gather_ceiling"))
-        a, s = by.get((case, "add_ours")), by.get((case, "set_ours"))
-        if g and c:
-            print(f"  {case}: gather/ceiling {g['gbps'] / c['gbps']:.2f}x "
-                  f"({g['gbps']:.1f} vs {c['gbps']:.1f} GB/s)")
-        if a and s:
-            print(f"  {case}: add/set throughput {a['updates_per_s'] / s['updates_per_s']:.2f}x")
+        for line in target_lines(records, case):
+            print(f"  {case}: {line}")
+
+
+def _missing(r: dict | None) -> str | None:
+    """Why a record gives no ratio (None: it does): not run, an error, a wrong result."""
+    if r is None:
+        return "not run"
+    if r["status"] != "ok":
+        return "error" if r["status"] == "error" else r["status"]
+    return "incorrect" if r["correct"] is False else None
+
+
+def target_lines(records: list[dict], case: str) -> list[str]:
+    """The issue's two targets and ours against XLA, each ``n/a (why)`` where a side
+    errored, was wrong or did not run."""
+    by = {r["provider"]: r for r in records if r["case"] == case}
+    lines = []
+    for label, num, den, key in (
+            ("gather/ceiling", "gather_ours", "gather_ceiling", "gbps"),
+            ("add/set throughput", "add_ours", "set_ours", "updates_per_s"),
+            ("gather ours/xla throughput", "gather_ours", "gather_xla", "updates_per_s"),
+            ("add ours/xla throughput", "add_ours", "add_xla", "updates_per_s")):
+        a, b = by.get(num), by.get(den)
+        why = "; ".join(f"{name} {w}" for name, r in ((num, a), (den, b))
+                        if (w := _missing(r)))
+        if why:
+            lines.append(f"{label} n/a ({why})")
+            continue
+        unit = "GB/s" if key == "gbps" else "M rows/s"
+        scale = 1 if key == "gbps" else 1e-6
+        lines.append(f"{label} {a[key] / b[key]:.2f}x ({a[key] * scale:.1f} vs "
+                     f"{b[key] * scale:.1f} {unit})")
+    return lines
 
 
 def main(argv=None) -> int:

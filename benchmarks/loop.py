@@ -352,7 +352,8 @@ def main(argv=None) -> int:
     report.print_loop_table(records, f"per-step cost in lax.scan ({grid}{inputs}, "
                             f"{meta['device_kind']}, {args.steps} steps, median of "
                             f"{args.runs} runs interleaved in "
-                            f"{min(args.rounds, args.runs)} rounds; us, op cost in brackets)")
+                            f"{min(args.rounds, args.runs)} rounds; us, op cost in "
+                            "parentheses, min-max in brackets)")
     plot = None if args.no_plots else plots.plot_loop(records, args.out / "loop.png")
     if plot is None and not args.no_plots:
         print("no plot: matplotlib is not installed (or nothing was timed)")

@@ -296,8 +296,11 @@ def torch_providers(bench: Bench) -> list[Provider]:
                  "pinned.index_copy_ on the CPU (no CUDA path into a pinned tensor)", "host",
                  "torch", functools.partial(_bind_torch_index_copy, bench), duplicates="any"),
     ]
-    peer, _ = optional_import("benchmarks.triton_peer")
-    if peer is not None:
+    triton, _ = optional_import("triton")
+    if triton is not None:
+        # Ours: an ImportError here is a bug to fail on, never the peer's absence.
+        from benchmarks import triton_peer as peer
+
         providers.append(Provider(
             "torch_triton_zerocopy", f"raw Triton {peer.version()} kernel storing into the "
             "pinned tensor's data_ptr from PyTorch", "host", "torch",
@@ -359,7 +362,7 @@ def unavailable(bench: Bench, names: tuple[str, ...]) -> dict[str, str]:
         if name.startswith("torch") and bench.torch is None:
             why = bench.notes.get("torch_unavailable", "torch with CUDA is absent")
         elif name == "torch_triton_zerocopy":
-            _, why = optional_import("benchmarks.triton_peer")
+            _, why = optional_import("triton")
         elif name == "ours_triton":
             _, why = optional_import("jax_triton")
         if why:

@@ -19,14 +19,26 @@ GIB, MIB = 1 << 30, 1 << 20
 # Formatting
 
 
-def format_seconds(s: float | None) -> str:
-    if s is None:
-        return "-"
+def _seconds_unit(s: float) -> tuple[float, str, str]:
+    """The scale, unit and format of a time of ``s`` seconds: us, ms or s."""
     if s < 1e-3:
-        return f"{s * 1e6:.1f} us"
-    if s < 1:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s:.2f} s"
+        return 1e6, "us", ".1f"
+    return (1e3, "ms", ".2f") if s < 1 else (1.0, "s", ".2f")
+
+
+def span(lo: float | None, hi: float | None, spec: str, scale: float = 1.0) -> str:
+    """`` [lo–hi]`` (the min and max beside a median), or "" where either is unknown."""
+    if lo is None or hi is None:
+        return ""
+    return f" [{lo * scale:{spec}}–{hi * scale:{spec}}]"
+
+
+def format_seconds_span(median: float | None, lo: float | None, hi: float | None) -> str:
+    """``12.3 us [11.9–13.0]``: the median, then the min and max in the median's unit."""
+    if median is None:
+        return "-"
+    scale, unit, spec = _seconds_unit(median)
+    return f"{median * scale:{spec}} {unit}{span(lo, hi, spec, scale)}"
 
 
 def format_count(n: int) -> str:
@@ -121,7 +133,7 @@ def print_table(header: Sequence[str], rows: list[list[str]], title: str,
     Console(width=200).print(table)
 
 
-SWEEP_HEADER = ["case", "provider", "median", "GB/s", "M upd/s", "of ceiling",
+SWEEP_HEADER = ["case", "provider", "median [min–max]", "GB/s", "M upd/s", "of ceiling",
                 "back to back", "correct", "note"]
 
 
@@ -132,7 +144,7 @@ def sweep_table_rows(records: Iterable[dict]) -> list[list[str]]:
         rows.append([
             f"{r['pattern']} {r['dtype']} {r['row_bytes']}B n={format_count(r['n_updates'])}",
             r["provider"],
-            format_seconds(r.get("median_s")),
+            format_seconds_span(r.get("median_s"), r.get("min_s"), r.get("max_s")),
             _fmt(r.get("gbps"), ".2f"),
             _fmt(None if r.get("updates_per_s") is None else r["updates_per_s"] / 1e6, ".1f"),
             "-" if frac is None else f"{100 * frac:.0f}%",
@@ -152,11 +164,12 @@ def print_sweep_table(records: list[dict], title: str) -> None:
 # The loop benchmark's table
 
 
-def _us(r: dict | None) -> str:
+def _us(r: dict | None, cost: bool = True) -> str:
+    """``us_per_step [min–max] (op cost)``, or the status where it was not timed."""
     if not r or r["us_per_step"] is None:
         return "-" if not r else r["status"][:10]
-    cost = "" if r["op_cost_us"] is None else f" ({r['op_cost_us']:.1f})"
-    return f"{r['us_per_step']:.1f}{cost}"
+    extra = "" if not cost or r.get("op_cost_us") is None else f" ({r['op_cost_us']:.1f})"
+    return f"{r['us_per_step']:.1f}{span(r.get('us_min'), r.get('us_max'), '.1f')}{extra}"
 
 
 def _floor(r: dict | None) -> str:
@@ -166,15 +179,15 @@ def _floor(r: dict | None) -> str:
 
 
 def print_loop_table(records: list[dict], title: str) -> None:
-    """One line per (case, op, backend): us/step (op cost), kernels/step, ours/xla.
+    """One line per (case, op, backend): us/step [min–max] (op cost), kernels/step, ours/xla.
 
     ``launch`` is the floor_launch step (one aliased kernel writing nothing),
     ``floor`` that plus the op's bytes over PCIe at the ceiling (in brackets):
     what an in-stream kernel can approach (``benchmarks/loop_floor.py``).
     """
     header = ["rows", "row B", "dtype", "op", "base us", "launch (op)", "xla us (op)",
-              "ours us (op)", "floor (+pcie)", "unique", "unique+sorted", "kernels x/o",
-              "ours/xla"]
+              "ours us [min–max] (op)", "floor (+pcie)", "unique", "unique+sorted",
+              "kernels x/o", "ours/xla"]
     by = {(r["case"], r["provider"], r["backend"]): r for r in records}
     rows, seen = [], set()
     for r in records:
@@ -191,11 +204,13 @@ def print_loop_table(records: list[dict], title: str) -> None:
         base = by.get((r["case"], "baseline", "-"))
         ratio = (f"{ours['us_per_step'] / xla['us_per_step']:.2f}"
                  if xla and xla["us_per_step"] and ours["us_per_step"] else "-")
+        if any(k and k.get("correct") is False for k in (xla, ours)):
+            ratio = "n/a (incorrect)"  # no ratio against a wrong result
         kernels = "/".join("-" if not k or k["kernels_per_step"] is None
                            else f"{k['kernels_per_step']:g}" for k in (xla, ours))
         rows.append([str(r["rows"]), str(r["row_bytes"]), r["dtype"],
                      r["op"] if auto else f"{r['op']}[{backend}]",
-                     _us(base).split(" ")[0],
+                     _us(base, cost=False),
                      _us(by.get((r["case"], "floor_launch", "-"))) if auto else "",
                      _us(xla) if auto else "", _us(ours), _floor(ours),
                      _us(get(f"ours_{r['op']}_unique")),
@@ -209,8 +224,9 @@ def print_loop_table(records: list[dict], title: str) -> None:
 
 
 def _timed(records, provider, pattern="random_unique", dtype="float32") -> list[dict]:
+    """The provider's timed records, less those checked wrong: no ratio reads them."""
     return [r for r in records if r["provider"] == provider and r["pattern"] == pattern
-            and r["dtype"] == dtype and r["median_s"]]
+            and r["dtype"] == dtype and r["median_s"] and r.get("correct") is not False]
 
 
 def _at(records, provider, row_bytes, n) -> dict | None:
@@ -218,21 +234,46 @@ def _at(records, provider, row_bytes, n) -> dict | None:
                  if r["row_bytes"] == row_bytes and r["n_updates"] == n), None)
 
 
+def _why_absent(records, provider, row_bytes, n) -> str | None:
+    """Why the provider has no usable timing of the case: ``n/a (error)``, ``n/a
+    (incorrect)``, ``n/a (skipped: ...)``; None where the run has no record of it."""
+    r = next((r for r in records if r["provider"] == provider and r["row_bytes"] == row_bytes
+              and r["n_updates"] == n and r["pattern"] == "random_unique"
+              and r["dtype"] == "float32"), None)
+    if r is None:
+        return None
+    if r["status"] == "ok" and r.get("correct") is False:
+        return "n/a (incorrect)"
+    return f"n/a ({r['status'] if r['status'] != 'ok' else 'untimed'})"
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     return "n/a" if not a or not b else f"{a / b:.2f}x"
 
 
 def _mups(r: dict | None) -> str:
-    return "n/a" if r is None else f"{r['updates_per_s'] / 1e6:.1f} M/s"
+    """Updates per second at the median, then at the slowest and fastest run."""
+    if r is None:
+        return "n/a"
+    n = r["n_updates"] / 1e6
+    lo, hi = r.get("max_s"), r.get("min_s")
+    return (f"{r['updates_per_s'] / 1e6:.1f} M/s"
+            f"{span(lo and n / lo, hi and n / hi, '.1f')}")
 
 
-def _fmt_gbps(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.1f} GB/s"
+def _gbps(r: dict | None, prefix: str = "") -> str:
+    """GB/s at the median, then at the slowest and fastest run (``prefix``: ``b2b_``)."""
+    if r is None or r.get(f"{prefix}gbps") is None:
+        return "n/a"
+    gb = r["n_updates"] * r["row_bytes"] / 1e9
+    lo, hi = r.get(f"{prefix}max_s"), r.get(f"{prefix}min_s")
+    return f"{r[f'{prefix}gbps']:.1f} GB/s{span(lo and gb / lo, hi and gb / hi, '.1f')}"
 
 
 def sweep_summary(records: list[dict], probes: list[dict], buffer_bytes: int) -> list[str]:
     """(a) and (d) use the narrowest rows timed (4 B in the GPU sweeps), (b) and
-    (c) the largest count timed at each row size, (e) the memory probes.
+    (c) the largest count timed at each row size, (e) the memory probes. Medians
+    with [min–max]; ratios of medians, only between results not checked wrong.
     """
     ours = _timed(records, "ours")
     lines = []
@@ -242,7 +283,7 @@ def sweep_summary(records: list[dict], probes: list[dict], buffer_bytes: int) ->
         for label, rb in (("(b)", 512), ("(c)", 2048), ("(c)", 8192)):
             at_rb = [r for r in ours if r["row_bytes"] == rb]
             if at_rb:
-                lines.append(_line_bc(label, max(at_rb, key=lambda r: r["n_updates"])))
+                lines.append(_line_bc(records, label, max(at_rb, key=lambda r: r["n_updates"])))
             else:
                 lines += _untimed(records, label, rb)
         lines.append(_line_d(records, min(narrow, key=lambda r: r["n_updates"])))
@@ -257,36 +298,45 @@ def _line_a(records, ours: dict, buffer_bytes: int) -> str:
         if r:
             parts.append(f"{peer} {_mups(r)} (ours/{peer} "
                          f"{_ratio(ours['updates_per_s'], r['updates_per_s'])})")
+        elif why := _why_absent(records, peer, rb, n):
+            parts.append(f"{peer} {why}")
     return (f"(a) {format_count(n)} random unique f32 {rb} B rows into "
             f"{format_bytes(buffer_bytes)}: ours {_mups(ours)}; {', '.join(parts) or 'no peers'}")
 
 
-def _line_bc(label: str, r: dict) -> str:
-    line = (f"{label} {r['row_bytes']} B random rows, n={format_count(r['n_updates'])}: "
-            f"ours {r['gbps']:.1f} GB/s, ceiling {_fmt_gbps(r['ceiling_gbps'])}, "
-            f"ours/ceiling {_ratio(r['gbps'], r['ceiling_gbps'])}")
+def _line_bc(records, label: str, r: dict) -> str:
+    n, rb = r["n_updates"], r["row_bytes"]
+    ceiling = _at(records, "ceiling", rb, n)
+    ceiling_text = _gbps(ceiling) if ceiling else (_why_absent(records, "ceiling", rb, n)
+                                                   or "n/a")
+    line = (f"{label} {rb} B random rows, n={format_count(n)}: "
+            f"ours {_gbps(r)}, ceiling {ceiling_text}, "
+            f"ours/ceiling {_ratio(r['gbps'], ceiling and ceiling['gbps'])}")
     if r.get("b2b_gbps"):
-        ceiling = r.get("b2b_ceiling_gbps")
-        line += (f"; {r['b2b_calls']} calls back to back: ours {r['b2b_gbps']:.1f} GB/s, "
-                 f"ceiling {_fmt_gbps(ceiling)}, ours/ceiling "
-                 f"{_ratio(r['b2b_gbps'], ceiling)}")
+        b2b = ceiling if ceiling and ceiling.get("b2b_gbps") else None
+        line += (f"; {r['b2b_calls']} calls back to back: ours {_gbps(r, 'b2b_')}, "
+                 f"ceiling {_gbps(b2b, 'b2b_')}, ours/ceiling "
+                 f"{_ratio(r['b2b_gbps'], b2b and b2b['b2b_gbps'])}")
     return line
 
 
 def _untimed(records, label: str, row_bytes: int) -> list[str]:
-    """A planned target whose ``ours`` has no timing says so, rather than vanishing."""
+    """A planned target whose ``ours`` has no usable timing says why, rather than vanishing."""
     planned = [r for r in records if r["provider"] == "ours" and r["row_bytes"] == row_bytes
                and r["pattern"] == "random_unique" and r["dtype"] == "float32"]
     return [f"{label} {row_bytes} B random rows, n={format_count(r['n_updates'])}: ours not "
-            f"timed ({r['status']})" for r in planned[-1:]]
+            f"timed ({'incorrect' if r.get('correct') is False else r['status']})"
+            for r in planned[-1:]]
 
 
 def _line_d(records, ours: dict) -> str:
-    xla = _at(records, "xla", ours["row_bytes"], ours["n_updates"])
-    xla_s = xla and xla["median_s"]
-    return (f"(d) {ours['n_updates']} updates of {ours['row_bytes']} B: ours "
-            f"{format_seconds(ours['median_s'])}, xla {format_seconds(xla_s)} "
-            f"(xla/ours {_ratio(xla_s, ours['median_s'])})")
+    n, rb = ours["n_updates"], ours["row_bytes"]
+    xla = _at(records, "xla", rb, n)
+    xla_text = (format_seconds_span(xla["median_s"], xla.get("min_s"), xla.get("max_s"))
+                if xla else _why_absent(records, "xla", rb, n) or "n/a")
+    return (f"(d) {n} updates of {rb} B: ours "
+            f"{format_seconds_span(ours['median_s'], ours.get('min_s'), ours.get('max_s'))}, "
+            f"xla {xla_text} (xla/ours {_ratio(xla and xla['median_s'], ours['median_s'])})")
 
 
 def _probe_line(p: dict) -> str:

@@ -51,7 +51,10 @@ cross PCIe: its distinct rows read once and written once, ``2 * distinct *
 row_bytes``, at ``--pcie-gbps`` (the H200's copies measured 55.0 GB/s
 device->pinned, 49.3 GB/s pinned->device): a bound that scattered rows do not
 reach, which the ``transfer`` provider measures. Writes ``sparse_training.json``
-under ``--out``; exits 1 on an error or a difference over the tolerance.
+under ``--out``; exits 1 on an error or a difference over the tolerance. Where the
+``device`` provider errors there is no reference: every other table is recorded
+unchecked (``correct`` None, with a note), the run fails, and the summary gives no
+ratio or verdict that would need one.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ MIB = 1 << 20
 PROVIDERS = ("device", "device_distinct", "ours", "ours_sorted", "ours_distinct",
              "ours_kernels", "xla", "transfer")
 DEVICE_STEPS = ("device", "device_distinct")  # the table in device memory
+REFERENCE = "device"  # its table is the one every other provider's is checked against
 FULL = {"rows": 8 << 20, "dim": 64, "batch": 4096, "steps": 40, "repeats": 5}
 QUICK = {"rows": 1 << 14, "dim": 16, "batch": 256, "steps": 8, "repeats": 2}
 
@@ -118,15 +122,23 @@ def max_abs_diff(a: jax.Array, reference: jax.Array) -> float:
 
 def run_provider(name: str, table: jax.Array, ids, targets, args, reference, *,
                  tolerance: float | None = None, checked_against: str = "device table") -> dict:
-    """Compiles, runs once (checked against ``reference`` unless this is it), then times.
+    """Compiles, runs once (checked against ``reference``), then times.
 
+    The :data:`REFERENCE` provider's table is the one the others are checked against
+    (returned under ``"reference"``). Any other provider with no ``reference`` (the
+    reference's provider errored) is recorded unchecked: ``correct`` None, with a note.
     ``tolerance`` defaults to ``--tolerance`` times the device table's scale.
     """
+    is_reference = name == REFERENCE
     record = {"provider": name, "status": "ok", "us_per_step": None, "us_min": None,
               "us_max": None, "runs": 0, "compile_s": None, "first_run_s": None,
               "memory_kind": None, "max_abs_diff_vs_device": None, "correct": None,
+              "is_reference": is_reference,
               "checked_against": None if reference is None else checked_against}
+    if reference is None and not is_reference:
+        record["note"] = "unchecked: no reference table (the device provider errored)"
     fn = JITTED.get(name) or step_fns(args.lr)[name]
+    kept = None
     try:
         t0 = time.perf_counter()
         compiled = fn.lower(table, ids, targets).compile(args.compiler_options or None)
@@ -135,11 +147,10 @@ def run_provider(name: str, table: jax.Array, ids, targets, args, reference, *,
         table = jax.block_until_ready(compiled(table, ids, targets))
         record["first_run_s"] = time.perf_counter() - t0
         record["memory_kind"] = table.sharding.memory_kind
-        kept = None
-        if reference is None:
+        if is_reference:
             kept = jnp.copy(table)  # the reference the others are checked against
             args.reference_scale = float(jnp.max(jnp.abs(kept)))
-        else:
+        elif reference is not None:
             diff = max_abs_diff(table, reference)
             record["max_abs_diff_vs_device"] = diff
             record["tolerance"] = (args.tolerance * max(1.0, args.reference_scale)
@@ -157,6 +168,8 @@ def run_provider(name: str, table: jax.Array, ids, targets, args, reference, *,
     except Exception as err:  # noqa: BLE001 - recorded as an error; the run fails at the end
         record["status"] = "error"
         record["error"] = f"{type(err).__name__}: {err}"[:600]
+        if kept is not None:  # a reference that failed its timing checks nothing
+            kept.delete()
         return record | {"reference": None}
     per_step = 1e6 / args.steps
     record.update(us_per_step=measured.median_s * per_step, us_min=measured.min_s * per_step,
@@ -243,7 +256,7 @@ def main(argv=None) -> int:
                                   tolerance=0.0, checked_against="initial table")
         else:
             result = run_provider(name, table, ids, targets, args, reference)
-        if name == "device":
+        if name == REFERENCE:
             reference = result["reference"]
         del result["reference"]
         records.append(result)
@@ -274,42 +287,60 @@ def main(argv=None) -> int:
     return exit_status(records)
 
 
+def checked_us(records: list[dict]) -> dict[str, float]:
+    """Per-step times of the rows whose table was checked, and of the reference's."""
+    return {r["provider"]: r["us_per_step"] for r in records
+            if r["us_per_step"] is not None and (r["correct"] is True or r.get("is_reference"))}
+
+
+def why_missing(records: list[dict], name: str) -> str:
+    """Why ``name`` has no checked time: not run, errored, incorrect, untimed or unchecked."""
+    r = next((r for r in records if r["provider"] == name), None)
+    if r is None:
+        return f"{name} not run"
+    if r["status"] == "error":
+        return f"{name} errored"
+    if r["correct"] is False:
+        return f"{name} incorrect"
+    return f"{name} untimed" if r["us_per_step"] is None else f"{name} unchecked"
+
+
 def summarize(records: list[dict], floor_us: float) -> dict:
-    us = {r["provider"]: r["us_per_step"] for r in records}
-    ratios = {}
-    lines = []
-    if us.get("ours") and us.get("device"):
-        ratios["ours_over_device"] = us["ours"] / us["device"]
-        met = "met" if ratios["ours_over_device"] <= 2 else "NOT met"
-        lines.append(f"ours / device table: {ratios['ours_over_device']:.2f}x "
-                     f"(target within 2x: {met})")
-    if us.get("ours_sorted") and us.get("device"):
-        ratios["ours_sorted_over_device"] = us["ours_sorted"] / us["device"]
-        met = "met" if ratios["ours_sorted_over_device"] <= 2 else "NOT met"
-        lines.append(f"ours with one shared order / device table: "
-                     f"{ratios['ours_sorted_over_device']:.2f}x (target within 2x: {met})")
-    device_best = min((us[k] for k in DEVICE_STEPS if us.get(k)), default=None)
-    if us.get("ours_distinct") and device_best:
-        ratios["ours_distinct_over_device"] = us["ours_distinct"] / device_best
-        met = "met" if ratios["ours_distinct_over_device"] <= 2 else "NOT met"
-        lines.append(f"ours reading each distinct row once / the faster device table step: "
-                     f"{ratios['ours_distinct_over_device']:.2f}x (target within 2x: {met})")
-    if us.get("ours") and us.get("xla"):
-        ratios["ours_over_xla"] = us["ours"] / us["xla"]
-        lines.append(f"ours / xla: {ratios['ours_over_xla']:.3f}x "
-                     f"(xla / ours {us['xla'] / us['ours']:.1f}x)")
-    if us.get("ours"):
+    """Ratios of checked times only; where a side is missing the line says why, and a
+    target line gives no verdict."""
+    us = checked_us(records)
+    ratios, lines = {}, []
+
+    def ratio(key: str, label: str, num: str, den: str, *, target: bool = False,
+              spec: str = ".2f", detail=lambda value: "") -> None:
+        if num not in us or den not in us:
+            missing = "; ".join(why_missing(records, n) for n in (num, den) if n not in us)
+            lines.append(f"{label}: n/a ({missing}{'; no verdict' if target else ''})")
+            return
+        ratios[key] = value = us[num] / us[den]
+        verdict = f"target within 2x: {'met' if value <= 2 else 'NOT met'}" if target else ""
+        lines.append(f"{label}: {value:{spec}}x ({verdict or detail(value)})")
+
+    ratio("ours_over_device", "ours / device table", "ours", "device", target=True)
+    ratio("ours_sorted_over_device", "ours with one shared order / device table",
+          "ours_sorted", "device", target=True)
+    device_best = min((k for k in DEVICE_STEPS if k in us), key=us.get, default="device")
+    ratio("ours_distinct_over_device",
+          "ours reading each distinct row once / the faster device table step",
+          "ours_distinct", device_best, target=True)
+    ratio("ours_over_xla", "ours / xla", "ours", "xla", spec=".3f",
+          detail=lambda value: f"xla / ours {1 / value:.1f}x")
+    if "ours" in us:
         ratios["ours_over_pcie_floor"] = us["ours"] / floor_us
         lines.append(f"ours / PCIe floor: {ratios['ours_over_pcie_floor']:.2f}x "
                      f"({us['ours']:.1f} us vs {floor_us:.1f} us per step)")
-    if us.get("ours") and us.get("transfer"):
-        ratios["ours_over_transfer"] = us["ours"] / us["transfer"]
-        lines.append(f"ours / measured transfer of the distinct rows: "
-                     f"{ratios['ours_over_transfer']:.2f}x ({us['transfer']:.1f} us per step)")
-    if us.get("transfer") and us.get("device"):
-        ratios["transfer_over_device"] = us["transfer"] / us["device"]
-        lines.append(f"transfer alone / device table: {ratios['transfer_over_device']:.2f}x "
-                     "(what moving the rows costs before any ordering, combining or gradient)")
+    else:
+        lines.append(f"ours / PCIe floor: n/a ({why_missing(records, 'ours')})")
+    ratio("ours_over_transfer", "ours / measured transfer of the distinct rows", "ours",
+          "transfer", detail=lambda value: f"{us['transfer']:.1f} us per step")
+    ratio("transfer_over_device", "transfer alone / device table", "transfer", "device",
+          detail=lambda value: "what moving the rows costs before any ordering, combining "
+          "or gradient")
     return {**ratios, "lines": lines}
 
 
@@ -323,13 +354,16 @@ def print_table(records: list[dict], floor_us: float) -> None:
             continue
         diff = r["max_abs_diff_vs_device"]
         against = "" if diff is None else f", vs {r['checked_against']}"
+        checked = ("reference" if r.get("is_reference") else "unchecked" if diff is None
+                   else f"{diff:.2e}")
+        note = f"; {r['note']}" if r.get("note") else ""
         print(f"{r['provider']:15} {r['us_per_step']:10.1f} {r['us_min']:10.1f} "
-              f"{r['us_max']:10.1f} {r['us_per_step'] / floor_us:8.2f} "
-              f"{'reference' if diff is None else f'{diff:.2e}':>10}  "
-              f"{r['status']} ({r['memory_kind']}{against})")
+              f"{r['us_max']:10.1f} {r['us_per_step'] / floor_us:8.2f} {checked:>10}  "
+              f"{r['status']} ({r['memory_kind']}{against}{note})")
 
 
 def exit_status(records: list[dict]) -> int:
+    """1 on an error, a wrong table, or a table left unchecked (no reference to check it)."""
     failed = False
     for r in records:
         if r["status"] == "error":
@@ -339,6 +373,9 @@ def exit_status(records: list[dict]) -> int:
             print(f"INCORRECT: {r['provider']}: max |table - {r['checked_against']}| "
                   f"{r['max_abs_diff_vs_device']:.3g} (tolerance {r['tolerance']:.3g}), "
                   f"memory kind {r['memory_kind']} (must be {r['expected_memory_kind']})")
+            failed = True
+        elif r["correct"] is None and not r.get("is_reference"):
+            print(f"UNCHECKED: {r['provider']}: {r.get('note', 'not checked')}")
             failed = True
     return 1 if failed else 0
 

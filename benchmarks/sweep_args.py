@@ -39,7 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-reps", type=int, default=200)
     p.add_argument("--min-time-s", type=float, default=0.05,
                    help="fast cases repeat until this much time is timed")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs after the checked one")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed runs after the checked one and the timed program's first call")
     p.add_argument("--max-run-s", type=float, default=2.0,
                    help="a provider whose single run is slower is not timed")
     p.add_argument("--time-budget-s", type=float, default=None,

@@ -42,6 +42,34 @@ def test_gather_add_checks_every_provider_and_fails_on_a_wrong_add(tmp_path):
     for r in found:
         assert r["status"] == "ok" and r["correct"] is (r["provider"] != "add_ours"), r
     assert "INCORRECT: add_ours" in done.stdout
+    # No ratio against the wrong add: each target line says why it has none.
+    assert "add/set throughput n/a (add_ours incorrect)" in done.stdout
+    assert "add ours/xla throughput n/a (add_ours incorrect)" in done.stdout
+    assert "gather ours/xla throughput " in done.stdout
+
+
+def test_gather_add_target_lines_name_a_missing_or_wrong_side():
+    from benchmarks import gather_add
+
+    def record(provider, status="ok", correct=True, rate=1e6):
+        return {"case": "c", "provider": provider, "status": status, "correct": correct,
+                "gbps": rate * 1e-6, "updates_per_s": rate}
+
+    found = [record("gather_ours", rate=2e6), record("gather_xla", status="error", correct=None),
+             record("gather_ceiling", rate=4e6), record("add_ours", correct=False),
+             record("add_xla")]
+    assert gather_add.target_lines(found, "c") == [
+        "gather/ceiling 0.50x (2.0 vs 4.0 GB/s)",
+        "add/set throughput n/a (add_ours incorrect; set_ours not run)",
+        "gather ours/xla throughput n/a (gather_xla error)",
+        "add ours/xla throughput n/a (add_ours incorrect)",
+    ]
+    right = [dict(r, status="ok", correct=True) for r in found] + [record("set_ours", rate=2e6)]
+    assert gather_add.target_lines(right, "c")[1:] == [
+        "add/set throughput 0.50x (1.0 vs 2.0 M rows/s)",
+        "gather ours/xla throughput 2.00x (2.0 vs 1.0 M rows/s)",
+        "add ours/xla throughput 1.00x (1.0 vs 1.0 M rows/s)",
+    ]
 
 
 def test_tune_runs_every_study_and_checks_it(tmp_path):
@@ -161,6 +189,37 @@ def test_sparse_training_fails_on_a_wrong_table_or_an_error(tmp_path, monkeypatc
     assert "INCORRECT: ours" in stdout and "ERROR: xla" in stdout
 
 
+def test_sparse_training_without_its_reference_checks_nothing(tmp_path, monkeypatch, capsys):
+    # The device table (the reference) errors: no later table is its own reference. Each is
+    # recorded unchecked, the run fails, and no ratio or verdict reads an unchecked time.
+    import jax
+
+    def boom(table, ids, targets):
+        raise ValueError("the reference's provider raises")
+
+    monkeypatch.setitem(sparse_training.JITTED, "device", jax.jit(boom))
+    monkeypatch.setattr(sparse_training, "PROVIDERS",
+                        ("device", "device_distinct", "ours", "transfer"))
+    assert sparse_training.main(["--quick", "--repeats", "1", "--out", str(tmp_path)]) == 1
+    stdout = capsys.readouterr().out
+    result = json.loads((tmp_path / "sparse_training.json").read_text())
+    found = {r["provider"]: r for r in result["records"]}
+    assert found["device"]["status"] == "error"
+    for name in ("device_distinct", "ours"):
+        r = found[name]
+        assert r["status"] == "ok" and r["us_per_step"] is not None, r
+        assert r["correct"] is None and r["max_abs_diff_vs_device"] is None, r
+        assert r["note"].startswith("unchecked") and not r["is_reference"], r
+        assert f"UNCHECKED: {name}" in stdout
+    # The transfer floor is checked against the initial table, which it still has.
+    assert found["transfer"]["correct"] is True
+    for name in ("device_distinct", "ours"):  # the table's max|diff| column
+        assert re.search(rf"^{name} .* unchecked  ok ", stdout, re.M), stdout
+    assert "met" not in stdout and "ours_over_device" not in result["summary"]
+    assert "ours / device table: n/a (ours unchecked; device errored; no verdict)" in stdout
+    assert "ours / measured transfer of the distinct rows: n/a (ours unchecked)" in stdout
+
+
 # ---------------------------------------------------------------------------
 # block_probe
 
@@ -177,6 +236,34 @@ def test_block_probe_runs_the_sizes_asked_with_the_xla_options(tmp_path):
     assert [(r["n"], r["row_bytes"]) for r in result["records"]] == [(8, 256), (16, 256)]
     for r in result["records"]:
         assert {"xla_dus", "ours_promise", "ours_rows", "xla_ds", "ours_get"} <= set(r["us"])
+    # Each median printed with its [min–max].
+    med, low, high = (result["records"][0][k]["xla_dus"] for k in ("median_us", "min_us",
+                                                                   "max_us"))
+    assert f"{med:.1f} [{low:.1f}–{high:.1f}]" in done.stdout
+
+
+def test_block_probe_checks_each_row_a_reader_returned(monkeypatch):
+    # Rows read in the wrong order sum the same: the probe compares the rows themselves.
+    import jax.numpy as jnp
+
+    from benchmarks import block_probe
+
+    right_writers, right_readers = block_probe._writers, block_probe._readers
+    monkeypatch.setattr(block_probe, "_writers",
+                        lambda n: {"xla_dus": right_writers(n)["xla_dus"]})
+
+    def readers(n):
+        xla_ds, block_copy = right_readers(n)["xla_ds"]
+        return {"xla_ds": (xla_ds, block_copy),
+                "reversed": (lambda x, pos: jnp.flip(xla_ds(x, pos), 0), block_copy)}
+
+    monkeypatch.setattr(block_probe, "_readers", readers)
+    with pytest.raises(AssertionError, match="reversed read other rows"):
+        block_probe.run_case(64, 8, 4, 3, 1)
+    monkeypatch.setattr(block_probe, "_readers",
+                        lambda n: {"xla_ds": right_readers(n)["xla_ds"]})
+    results, _ = block_probe.run_case(64, 8, 4, 3, 1)
+    assert set(results) == {"xla_dus", "xla_ds"}
 
 
 # ---------------------------------------------------------------------------

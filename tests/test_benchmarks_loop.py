@@ -16,11 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import pallas_pinned
 import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
 from benchmarks import (
     choose_backends,
@@ -39,18 +37,6 @@ LOOP_FIELDS = ("op", "rows", "row_bytes", "dtype", "provider", "backend", "us_pe
                "correct")
 PATTERN_NAMES = {c.name for c in loop_patterns.CPU_PATTERNS}
 GRID_CASE = testing.LoopCase(64, 256)
-
-
-def _index_grammar_missing() -> bool:
-    try:
-        pallas_pinned.at(jnp.zeros((4, 4)))[0, 1]
-    except NotImplementedError:
-        return True
-    return False
-
-
-needs_index_grammar = pytest.mark.skipif(_index_grammar_missing(),
-                                         reason="needs the index grammar")
 
 
 # Providers broken on purpose: each must be caught (correct False, INCORRECT
@@ -85,7 +71,7 @@ def loop_run(tmp_path_factory):
     """One CPU run: one grid case (the default CPU grid's three cost three times the
     compilations), every write pattern, pallas rows (skipped without a GPU)."""
     out = tmp_path_factory.mktemp("loop")
-    patterns = "none" if _index_grammar_missing() else ",".join(loop_patterns.PATTERN_OPS)
+    patterns = ",".join(loop_patterns.PATTERN_OPS)
     argv = ["--cpu", "--out", str(out), "--steps", "6", "--runs", "2",
             "--rows", str(GRID_CASE.rows), "--row-bytes", str(GRID_CASE.row_bytes),
             "--patterns", patterns, "--backends", "pallas",
@@ -183,7 +169,6 @@ def test_loop_prints_the_table_and_a_plot(loop_run):
     assert "launch (op)" in stdout and "floor (+pcie)" in stdout
 
 
-@needs_index_grammar
 def test_every_write_pattern_is_measured_against_xla(loop_run):
     out, stdout = loop_run
     records = [r for r in _loop(out)["records"] if r["case"] in PATTERN_NAMES]
@@ -280,7 +265,6 @@ def test_dtypes_alone_run_the_chosen_grid_s_shapes_in_those_dtypes():
                                            testing.LoopCase(64, 4, "bfloat16")]
 
 
-@needs_index_grammar
 def test_a_pattern_case_is_timed_interleaved_in_rounds(monkeypatch):
     # Timed one provider after the other, drift of the machine lands on one of
     # them: every provider is checked first, then timed round-robin, rotated.

@@ -312,3 +312,79 @@ def test_triton_cache_dir_is_made_usable(tmp_path):
     assert environment.ensure_triton_cache_dir(knobs, env) == str(tmp_path / "chosen")
     env = {}
     assert environment.ensure_triton_cache_dir(None, env) == env["TRITON_CACHE_DIR"]  # old triton
+
+
+def _bench_for_measure(**overrides):
+    args = SimpleNamespace(warmup=2, max_run_s=0.05, reps=2, max_reps=3, min_time_s=0.0,
+                           back_to_back_row_bytes=(), **overrides)
+    case = SimpleNamespace(row_bytes=8, n_updates=4)
+    return SimpleNamespace(args=args, x=None), SimpleNamespace(case=case, upd_dev=None)
+
+
+def test_max_run_s_judges_the_last_warm_up_call_not_the_compile():
+    # The timed program's first call compiles (slow); the warm calls after it are fast:
+    # timed, not recorded as a skip. A provider slow on its last warm-up call is.
+    import time
+
+    from benchmarks import sweep
+
+    def provider(first_s, then_s):
+        calls = []
+
+        def step(state):
+            time.sleep(first_s if not calls else then_s)
+            calls.append(1)
+            return state
+
+        bound = SimpleNamespace(step=step, args=(), prepare=None, unsynced=None, wait=None)
+        return SimpleNamespace(bind=lambda data, upd: bound, target="none", updates="jax",
+                               name="ours"), calls
+
+    bench, data = _bench_for_measure()
+    fast, calls = provider(0.2, 0.0)
+    measured, _ = sweep.measure(bench, data, fast)
+    assert not isinstance(measured, float) and measured.reps == 2
+    assert len(calls) == 1 + 2 + 2  # the compiling call, --warmup 2, the timed repeats
+    slow, _ = provider(0.0, 0.1)
+    assert sweep.measure(bench, data, slow)[0] >= 0.1  # the seconds of one run: untimed
+
+
+def test_ours_untimed_on_a_target_case_fails_the_run(capsys):
+    from benchmarks import sweep
+
+    skipped = {"status": "skipped: one run took 3.00 s > --max-run-s", "provider": "ours",
+               "case": "c", "correct": True, "median_s": None, "target_case": True}
+    assert sweep.exit_status([skipped], [], {}) == 1
+    assert "UNTIMED: ours on target case c" in capsys.readouterr().out
+    # Off the targets (or a peer on one) a skip is reported in the table, not failed.
+    assert sweep.exit_status([dict(skipped, target_case=False)], [], {}) == 0
+    assert sweep.exit_status([dict(skipped, provider="xla")], [], {}) == 0
+
+
+def test_only_the_third_party_import_is_guarded(monkeypatch):
+    # triton absent makes the raw Triton peer unavailable; an ImportError inside our own
+    # peer module (triton present) is a bug that fails, never "unavailable".
+    import sys
+
+    import benchmarks
+
+    with pytest.raises(ValueError, match="is ours"):
+        environment.optional_import("benchmarks.triton_peer")
+    asked = []
+
+    def absent(name):
+        asked.append(name)
+        return None, f"{name} is not importable (x)"
+
+    monkeypatch.setattr(providers, "optional_import", absent)
+    bench = SimpleNamespace(gpu=True, torch=object(), host=object(), notes={})
+    assert providers.unavailable(bench, ("torch_triton_zerocopy", "ours_triton")) == {
+        "torch_triton_zerocopy": "unavailable: triton is not importable (x)",
+        "ours_triton": "unavailable: jax_triton is not importable (x)"}
+    assert asked == ["triton", "jax_triton"]
+    assert [p.name for p in providers.torch_providers(bench)] == ["ceiling", "torch_index_copy"]
+    monkeypatch.setattr(providers, "optional_import", lambda name: (object(), None))
+    monkeypatch.delattr(benchmarks, "triton_peer", raising=False)
+    monkeypatch.setitem(sys.modules, "benchmarks.triton_peer", None)  # its import fails
+    with pytest.raises(ImportError):
+        providers.torch_providers(bench)

@@ -328,3 +328,47 @@ def test_choose_backends_keeps_distinct_rows_on_a_promised_kernel_that_beats_xla
     ]
     entry = choose_backends.choose(records)[1]["set"]["float32"]["64"]
     assert entry["backend"] == "xla" and entry["distinct_backend"] == "pallas"
+
+
+@pytest.mark.parametrize("flag", ["--xla-path-from", "--add-client-from",
+                                  "--distinct-client-from", "--materialized-from", None])
+def test_choose_backends_refuses_a_named_file_that_does_not_exist(tmp_path, flag):
+    # A file the user named is never dropped silently (the defaults are committed).
+    source = tmp_path / "loop.json"
+    source.write_text(json.dumps({"meta": {}, "records": []}))
+    missing = tmp_path / "missing.json"
+    argv = [str(missing if flag is None else source), "--out", str(tmp_path / "t.json")]
+    argv += [] if flag is None else [flag, str(missing)]
+    with pytest.raises(SystemExit, match=f"no such file: {missing}"):
+        choose_backends.main(argv)
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_choose_backends_names_the_cases_an_errored_provider_drops(tmp_path, capsys):
+    # XLA's set errored in one of the class's two cases: the class is chosen on the other,
+    # and the run says which case it left out and why.
+    records = [
+        _sized_row("ours_set", "pallas", 4, 8.0), _sized_row("xla_set", "-", 4, 9.0),
+        _sized_row("ours_set", "pallas", 1024, 12.0),
+        _sized_row("xla_set", "-", 1024, None) | {"status": "error", "correct": None},
+        _sized_row("ours_get", "pallas", 4, 8.0) | {"correct": None},  # unchecked
+    ]
+    dropped = []
+    entry = choose_backends.choose(records, dropped=dropped)[1]["set"]["float32"]["256"]
+    assert entry["cases"] == 1
+    assert dropped == ["set float32 <= 256 rows: 256 rows x 1024 B: no usable xla"]
+    source = tmp_path / "loop.json"
+    source.write_text(json.dumps({"meta": {}, "records": records}))
+    assert choose_backends.main([str(source), "--out", str(tmp_path / "t.json")]) == 0
+    err = capsys.readouterr().err
+    assert "case dropped: set float32 <= 256 rows: 256 rows x 1024 B: no usable xla" in err
+    assert "row not read: xla_set[-] float32 256 rows x 1024 B: error" in err
+    assert "row not read: ours_get[pallas] float32 256 rows x 4 B: unchecked" in err
+
+
+def test_an_unchecked_client_row_is_no_verdict():
+    # Only a row checked right is evidence: an unchecked one (correct None, as every row
+    # of a sparse-training run without its reference table) measures nothing.
+    run = _client_run(70.0, 72.9)
+    run["records"][0]["correct"] = None
+    assert choose_backends.client_verdict(run)[0] is None
