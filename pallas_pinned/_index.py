@@ -123,7 +123,7 @@ class IndexPlan:
         wide = index_dtype()
         if self.kind == "axis0":
             if mode == "wrap":  # The row path's own modes do not wrap: take the modulus here.
-                return jnp.mod(to_wide(jnp.asarray(operands[0]), wide), self.num_rows).reshape(-1)
+                return wrapped(operands[0], self.num_rows, wide).reshape(-1)
             return operands[0]
         total = jnp.zeros((), wide)
         valid = jnp.ones((), bool)
@@ -212,7 +212,12 @@ class IndexPlan:
                 continue
             static = item.operand is None
             xp = _PY if static else jnp
-            start = item.value if static else _start_of(item, operands, wide)
+            if static:
+                start = item.value  # Under "wrap" already taken modulo the axis (parse).
+            elif mode == "wrap":
+                start = wrapped(operands[item.operand], dim, wide)
+            else:
+                start = _start_of(item, operands, wide)
             # jnp wraps negative ints once; reads wrap ds starts too, except in
             # the filling modes, which judge the window as given.
             wraps = item.kind == "int" or (
@@ -251,6 +256,23 @@ def _start_of(item: Item, operands, wide):
     return to_wide(jnp.asarray(operands[item.operand]), wide)
 
 
+def wrapped(index, dim: int, wide):
+    """``index`` modulo ``dim`` (``mode="wrap"``), as ``wide``: exact for every value of
+    the index's own type. The modulus comes first, in that type where ``dim`` fits it,
+    so no index is clamped to ``wide`` or overflows on the way (a uint32 index above
+    2**31 - 1 without x64, say)."""
+    index = jnp.asarray(index)
+    if jnp.iinfo(index.dtype).max >= dim:
+        return jnp.mod(index, jnp.asarray(dim, index.dtype)).astype(wide)
+    return jnp.mod(index.astype(wide), dim)  # A narrower type: the cast loses nothing.
+
+
+def _wrapped_start(item: Item, operands, dim: int, wide):
+    if item.operand is None:
+        return jnp.asarray(item.value, wide)  # Taken modulo the axis when parsed.
+    return wrapped(operands[item.operand], dim, wide)
+
+
 def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps: bool = True):
     """``(positions, ok)`` along one axis; ``ok`` None when every position is valid."""
     if item.kind == "slice":
@@ -258,10 +280,16 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps:
     if item.kind == "ds":
         size, stride = item.static
         span = stride * (size - 1) + 1
+        if mode == "wrap":
+            # (start + k * stride) mod dim without forming the sum, which could overflow
+            # the index type near its top: both terms are reduced, then the one that
+            # would pass dim comes back down.
+            start = _wrapped_start(item, operands, dim, wide)
+            to_top = jnp.asarray(dim - (np.arange(size, dtype=np.int64) * stride) % dim, wide)
+            below = start - to_top  # In (-dim, dim): no overflow.
+            return jnp.where(below < 0, below + dim, below), None
         start = _start_of(item, operands, wide)
         steps = jnp.asarray(np.arange(size) * stride, wide)
-        if mode == "wrap":
-            return jnp.mod(start + steps, dim), None
         if stride > 1:
             # jnp gathers or scatters a strided window position by position
             # (start + k * stride, never wrapped): each one is clipped, filled
@@ -280,9 +308,9 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps:
         fits = (start >= 0) & (start <= dim - span)
         return start + steps, jnp.broadcast_to(fits, (size,))
     # "int" or "array": wrap negatives once, then the mode.
-    pos = _start_of(item, operands, wide)
     if mode == "wrap":
-        return jnp.mod(pos, dim), None
+        return _wrapped_start(item, operands, dim, wide), None
+    pos = _start_of(item, operands, wide)
     return _each_position(jnp.where(pos < 0, pos + dim, pos), dim, mode, read=read)
 
 

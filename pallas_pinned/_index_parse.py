@@ -49,8 +49,9 @@ def _type_error(what: str) -> TypeError:
     return TypeError(f"indices must be integers, got {what}; supported: {SUPPORTED_FORMS}")
 
 
-def _as_array(a: Any):
-    """A list or array index as an integer array (numpy arrays narrowed, saturating)."""
+def _as_array(a: Any, wrap_dim: int | None = None):
+    """A list or array index as an integer array (numpy arrays narrowed, saturating;
+    under ``mode="wrap"``, ``wrap_dim``, first taken modulo the axis, exactly)."""
     if isinstance(a, list):
         if not a:
             a = np.zeros((0,), np.int64)  # An empty list has no dtype; numpy says float64.
@@ -68,6 +69,10 @@ def _as_array(a: Any):
     if not jnp.issubdtype(dtype, jnp.integer):
         raise _type_error(f"an array of dtype {dtype} (shape {a.shape})")
     if isinstance(a, np.ndarray):
+        if wrap_dim:  # In the index's own type where the axis fits it: exact.
+            fits = wrap_dim <= np.iinfo(a.dtype).max
+            a = np.mod(a, np.asarray(wrap_dim, a.dtype)) if fits else np.mod(
+                a.astype(np.int64), wrap_dim)
         # Narrow here, saturating, before jax would truncate int64 values.
         a = to_wide_numpy(a, index_dtype())
     return a
@@ -179,7 +184,7 @@ def parse(
             items.append(Item("new"))
             continue
         items.append(_item(it, axis, shape[axis], operands, static_ds_as_slice=static_ds_as_slice,
-                           advanced=arrays))
+                           advanced=arrays, wrap=mode == "wrap"))
         axis += 1
     plan = _plan(shape, items, mode, min_lead, ellipsis_at)
     if plan.kind == "axis0" and plan.items[0].kind == "slice":
@@ -208,9 +213,14 @@ def _static_ints_fit(expanded: list, shape: tuple[int, ...], mode: str | None) -
 
 def _item(
     it: Any, axis: int, dim: int, operands: list, *, static_ds_as_slice=False,
-    advanced=False,
+    advanced=False, wrap=False,
 ) -> Item:
-    """One index entry on ``axis`` (length ``dim``); array operands are appended."""
+    """One index entry on ``axis`` (length ``dim``); array operands are appended.
+
+    ``wrap`` (``mode="wrap"``): static ints and starts are taken modulo ``dim`` here,
+    in Python, and numpy arrays in their own type, so none is clamped or truncated
+    to the index type first (traced ones: ``_index.wrapped``)."""
+    wrap_dim = dim if wrap and dim > 0 else None
     if _is_ds(it) and static_ds_as_slice and not _is_array(it.start):
         start, size = _static_int(it.start, "a ds start"), _static_int(it.size, "a ds size")
         it = slice(start, start + size, _static_int(it.stride, "a ds stride"))
@@ -230,14 +240,15 @@ def _item(
             )
         if not _is_array(it.start):
             start = _static_int(it.start, "a ds start")
-            return Item("ds", axis, value=start, static=(size, stride))
-        start = _as_array(it.start)
+            return Item("ds", axis, value=start % wrap_dim if wrap_dim else start,
+                        static=(size, stride))
+        start = _as_array(it.start, wrap_dim)
         if np.ndim(start):
             raise TypeError(f"a ds start must be a scalar, got shape {np.shape(start)}")
         operands.append(start)
         return Item("ds", axis, operand=len(operands) - 1, static=(size, stride))
     if isinstance(it, list) or (_is_array(it) and np.ndim(it) != 0):
-        arr = _as_array(it)
+        arr = _as_array(it, wrap_dim)
         operands.append(arr)
         return Item("array", axis, operand=len(operands) - 1, shape=tuple(np.shape(arr)))
     if dim == 0 and not advanced:
@@ -245,10 +256,13 @@ def _item(
         # index array makes it one of the advanced indices.
         raise IndexError(f"index is out of bounds for axis {axis} with size 0")
     if _is_array(it):
-        operands.append(_as_array(it))
+        operands.append(_as_array(it, wrap_dim))
         return Item("int", axis, operand=len(operands) - 1, shape=())
+    value = _static_int(it, "an index")
+    if wrap_dim:
+        return Item("int", axis, value=value % wrap_dim)
     info = np.iinfo(index_dtype())  # Saturate: a huge int stays out of range.
-    return Item("int", axis, value=min(max(_static_int(it, "an index"), info.min), info.max))
+    return Item("int", axis, value=min(max(value, info.min), info.max))
 
 
 def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None) -> IndexPlan:
