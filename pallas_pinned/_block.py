@@ -29,7 +29,7 @@ def write(x: jax.Array, plan: IndexPlan, operands, updates, *, op: str, mode) ->
     starts, sizes, ok = plan.block(operands, mode, read=False)
     if ok is False:
         return x  # Statically out of range in a dropping mode: nothing is written.
-    block = jnp.asarray(_placement.to_device_memory(updates)).astype(x.dtype)
+    block = _rows.cast_updates(_placement.to_device_memory(updates), x.dtype)
     block = jnp.broadcast_to(block, plan.result_shape).reshape(sizes)
     current = None
     if op != "set":

@@ -146,13 +146,13 @@ def _scalar_write(x, updates, call: WriteCall):
     leave the host, and a donating jit aborts. Four bytes or so move each way.
     """
     value = _placement.to_device_memory(x)
-    block = jnp.broadcast_to(jnp.asarray(_placement.to_device_memory(updates)),
+    block = jnp.broadcast_to(_rows.cast_updates(_placement.to_device_memory(updates), x.dtype),
                              call.plan.result_shape).reshape(())
     if call.op == "set":
-        new = block.astype(x.dtype)
+        new = block
     else:
         acc = _rows.add_accumulator_dtype(x.dtype, call.op)
-        new = _rows.COMBINERS[call.op](value.astype(acc), block.astype(x.dtype).astype(acc))
+        new = _rows.COMBINERS[call.op](value.astype(acc), block.astype(acc))
     return _placement.place_like(new.astype(x.dtype), x)
 
 

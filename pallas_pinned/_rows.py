@@ -33,6 +33,14 @@ __all__ = [
 ]
 
 
+def cast_updates(updates, dtype):
+    """``updates`` in the buffer's ``dtype`` as jnp's scatter casts them: through the type
+    the two promote to, then to ``dtype`` (where int64 meets uint64, that is float64:
+    -1 into uint64 gives 0, as in jnp). Equal to a direct cast everywhere else."""
+    updates = jnp.asarray(updates)
+    return updates.astype(jnp.result_type(jnp.dtype(dtype), updates)).astype(dtype)
+
+
 def index_dtype():
     """The widest integer type jax computes with right now (x64 or not)."""
     return jnp.dtype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)

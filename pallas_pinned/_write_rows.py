@@ -234,7 +234,7 @@ def updates_2d(x_dtype, updates, result_shape: tuple[int, ...], width: int):
     Broadcast to the indexed result's shape and cast as jnp does; for updates
     already of that shape and dtype every step is a no-op, so nothing is launched.
     """
-    updates = jnp.asarray(_placement.to_device_memory(updates)).astype(x_dtype)
+    updates = _rows.cast_updates(_placement.to_device_memory(updates), x_dtype)
     updates = jnp.broadcast_to(updates, result_shape)
     num_entries = math.prod(result_shape) // width if width else 0
     return updates.reshape(num_entries, width)

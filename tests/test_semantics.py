@@ -220,3 +220,43 @@ def test_lossy_updates_are_cast_before_they_combine():
     cast = np.int32(0.5)
     assert (np.asarray(pp.at(put(a))[np.array([0, 1])].multiply(cast)).tolist()
             == np.asarray(jnp.asarray(a).at[np.array([0, 1])].multiply(cast)).tolist())
+
+
+_X64_CAST_CHILD = textwrap.dedent(
+    """
+    import warnings
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp, numpy as np
+    import pallas_pinned as pp
+    warnings.simplefilter("ignore", FutureWarning)  # Both warn alike: tests above.
+    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    cases = [  # buffer dtype, updates: int64 meets uint64 in float64 in jnp's promotion
+        ("uint64", np.array([-1, 2**62 + 1], np.int64)),
+        ("int64", np.array([2**64 - 1, 2**62 + 1], np.uint64)),
+        ("uint64", np.array([-2, 5], np.int8)),
+        ("uint32", np.array([-1, 7], np.int32)),
+        ("float32", np.array([2**53 + 1, -3], np.int64)),
+    ]
+    failures = []
+    for dtype, updates in cases:
+        x0 = np.zeros(3, dtype)
+        want = np.asarray(jnp.asarray(x0).at[np.array([0, 2])].set(updates))
+        for backend in ("xla", "interpret"):
+            for index in (np.array([0, 2]), slice(0, 3, 2)):
+                got = pp.at(jax.device_put(x0, pinned))[index].set(updates, backend=backend)
+                if np.asarray(got).tobytes() != want.tobytes():
+                    failures.append(f"{dtype} <- {updates.dtype} {backend} {index}: "
+                                    f"{np.asarray(got)} != jnp's {want}")
+    print(failures)
+    """
+)
+
+
+def test_with_x64_a_set_casts_updates_as_jnp_does_through_their_common_type():
+    # jnp promotes buffer and updates first (int64 with uint64: float64), then casts
+    # back: -1 into uint64 gives 0, not 2**64 - 1; 2**62 + 1 rounds. Ours follows.
+    done = subprocess.run([sys.executable, "-c", _X64_CAST_CHILD], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-3000:]
