@@ -96,10 +96,26 @@ def _static_int(v: Any, what: str) -> int:
     raise _type_error(f"{type(v).__name__} {v!r} as {what}")
 
 
+def _is_unit_step(step: Any) -> bool:
+    """Whether a slice step is None, 1 or -1; a traced or non-integer one is not (it is
+    refused with the slice, by :func:`_slice_bound`)."""
+    if step is None or (isinstance(step, (int, np.integer)) and not isinstance(step, bool)):
+        return step in (None, 1, -1)
+    if _is_array(step) and not isinstance(step, jax.core.Tracer) and np.ndim(step) == 0:
+        return jnp.issubdtype(step.dtype, jnp.integer) and int(step) in (1, -1)
+    return False
+
+
 def _slice_bound(part: Any, whole: slice) -> int | None:
     """A static slice bound as an int (concrete jax scalars too, as jnp takes them)."""
     if part is None or isinstance(part, (int, np.integer)):
         return part
+    if isinstance(part, (float, np.floating)) or (
+        _is_array(part) and not jnp.issubdtype(part.dtype, jnp.integer)
+    ):
+        raise TypeError(  # As jnp (and Python) refuse them.
+            f"slice bounds must be integers or None, got {whole!r}"
+        )
     if isinstance(part, jax.core.Tracer) or not (_is_array(part) and np.ndim(part) == 0):
         # jnp raises IndexError for traced bounds too.
         raise IndexError(
@@ -118,6 +134,8 @@ def _expand(index: Any, ndim: int) -> tuple[list, int | None]:
     when the ellipsis stands for no axis, so its position is kept.
     """
     items = list(index) if isinstance(index, tuple) else [index]
+    # A tuple inside the index is a sequence of positions, as a list is (numpy's rule).
+    items = [list(it) if isinstance(it, tuple) else it for it in items]
     for it in items:
         # Before the axis count: numpy's bool scalar uses no axis, so "too many
         # indices" would name the wrong fault.
@@ -170,7 +188,7 @@ def parse(
     arrays = any(isinstance(it, list) or (_is_array(it) and np.ndim(it) >= 1) for it in expanded)
     dynamic = any(_is_array(it) or (_is_ds(it) and _is_array(it.start)) for it in expanded)
     unit_steps = all(
-        (not isinstance(it, slice) or it.step in (None, 1, -1))
+        (not isinstance(it, slice) or _is_unit_step(it.step))
         and (not _is_ds(it) or it.stride in (None, 1))
         for it in expanded
     )

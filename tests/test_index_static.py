@@ -10,10 +10,20 @@ get/set/add against jnp outside and inside jit, on a pinned_host buffer.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.index_support import Batches, Case, case_ids, check_case, check_eager, run_batch
+import pallas_pinned
+from tests.index_support import (
+    Batches,
+    Case,
+    case_ids,
+    check_case,
+    check_eager,
+    pinned,
+    run_batch,
+)
 
 A = np.array
 S = slice
@@ -163,3 +173,14 @@ print("ok")
 """
     done = run_cli([], code=code)
     assert done.returncode == 0 and done.stdout.strip() == "ok", explain(done)
+
+
+@pytest.mark.parametrize("index", [((0, 1),), ((0, 1), 2), ((0, 1), (2, 3)),
+                                   (((0, 1), (1, 2)),), ([0, 1], (2, 3))])
+def test_a_tuple_inside_the_index_is_a_sequence_of_positions_as_in_jnp(index):
+    a = np.arange(4 * 6 * 3, dtype=np.float32).reshape(4, 6, 3)
+    for method in ("get", "set"):
+        ref, theirs = pallas_pinned.at(pinned(a))[index], jnp.asarray(a).at[index]
+        got = ref.get() if method == "get" else ref.set(-1.0)
+        want = theirs.get() if method == "get" else theirs.set(-1.0)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
