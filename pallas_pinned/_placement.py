@@ -184,10 +184,19 @@ def fix_memory_space(x: jax.Array) -> jax.Array:
     called outside ``jit``, so their results come back with the agreeing type
     (an equivalent sharding: same device, same memory kind).
     """
-    if not is_concrete(x):
+    if isinstance(x, jax.core.Tracer):
         raise TypeError(
             "fix_memory_space takes a concrete jax.Array, not a traced value: call it "
             "outside jax.jit, on the buffer you are about to pass in"
+        )
+    if not isinstance(x, jax.Array):
+        raise TypeError(
+            f"fix_memory_space takes a jax.Array, got {type(x).__name__}; place it in "
+            "pinned host memory first with jax.device_put"
+        )
+    if x.is_deleted():
+        raise ValueError(
+            "x has been deleted (donated to an earlier call); use the array that call returned"
         )
     kind = x.sharding.memory_kind
     if kind != "pinned_host" or jax.typeof(x).memory_space == _HOST:

@@ -44,7 +44,7 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
     (``ours_sorted`` against ``ours``).
 
     Args:
-      indices: a 1-D integer array of row indices (axis 0) of a buffer with
+      indices: a 1-D integer array (or list) of row indices (axis 0) of a buffer with
         ``num_rows`` rows, in device memory or host memory.
       num_rows: the buffer's ``shape[0]``.
       mode: how out-of-range entries are normalized, matching the ``mode`` the
@@ -67,6 +67,8 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
         integer, or ``mode`` is not one of the above (``"wrap"``: take
         ``jnp.mod(indices, num_rows)`` first).
     """
+    if isinstance(indices, list | tuple):  # As the ops take a list of positions.
+        indices = np.asarray(indices)
     shape, dtype = jnp.shape(indices), jnp.result_type(indices)
     if not jnp.issubdtype(dtype, jnp.integer):
         raise TypeError(f"sort_indices takes integer indices, got {dtype}")

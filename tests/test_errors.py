@@ -318,3 +318,14 @@ def test_the_buffer_as_its_own_updates_is_refused_under_jit(op):
     with pytest.raises(ValueError, match="updates is the buffer x itself"):
         fn(x)
     assert not x.is_deleted()
+
+
+def test_fix_memory_space_names_what_it_takes():
+    with pytest.raises(TypeError, match="takes a jax.Array, got ndarray.*jax.device_put"):
+        pp.fix_memory_space(np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="not a traced value"):
+        jax.jit(pp.fix_memory_space)(jnp.zeros(3))
+    x = put(np.zeros(3, np.float32))
+    pp.scatter_to_host(x, 0, 1.0)  # Consumes x.
+    with pytest.raises(ValueError, match="deleted"):
+        pp.fix_memory_space(x)

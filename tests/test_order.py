@@ -53,11 +53,12 @@ def test_sort_indices_is_numpys_stable_argsort_of_the_normalized_indices(rng, mo
     assert got_order.dtype == jnp.int32
 
 
-def test_sort_indices_takes_numpy_and_host_indices(rng):
+def test_sort_indices_takes_numpy_host_and_list_indices(rng):
     idx = rng.integers(0, 20, size=33).astype(np.int32)
     from_numpy = pp.sort_indices(idx, 20)
     from_host = pp.sort_indices(put(idx), 20)
-    for got in (from_numpy, from_host):
+    from_list = pp.sort_indices(idx.tolist(), 20)  # As the ops take a list of positions.
+    for got in (from_numpy, from_host, from_list):
         np.testing.assert_array_equal(np.asarray(got[0]), np.sort(idx, kind="stable"))
         np.testing.assert_array_equal(np.asarray(got[1]), np.argsort(idx, kind="stable"))
 
