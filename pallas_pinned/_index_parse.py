@@ -110,7 +110,7 @@ def _slice_bound(part: Any, whole: slice) -> int | None:
     """A static slice bound as an int (concrete jax scalars too, as jnp takes them)."""
     if part is None or isinstance(part, (int, np.integer)):
         return part
-    if isinstance(part, (float, np.floating)) or (
+    if isinstance(part, (float, np.floating, np.bool_)) or (
         _is_array(part) and not jnp.issubdtype(part.dtype, jnp.integer)
     ):
         raise TypeError(  # As jnp (and Python) refuse them.
@@ -341,6 +341,13 @@ def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None)
         item.kind == "ds" and item.static[1] > 1 and item.static[0] > 1
         for item in lead_items
     )
+    # Under "wrap" a strided jax.ds longer than its cycle (dim / gcd(stride, dim)
+    # positions) comes back to rows it wrote: a write's duplicates, out of order.
+    wrapped_repeats = mode == "wrap" and any(
+        item.kind == "ds"
+        and item.static[0] > shape[item.axis] // math.gcd(item.static[1], shape[item.axis])
+        for item in lead_items
+    )
     # jnp's dynamic-slice path (what wraps a negative ds start on a read):
     # no index arrays, unit-step slices and windows only.
     dynamic_slice_path = not arrays and all(
@@ -356,8 +363,8 @@ def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None)
         index_shape=index_shape,
         advanced_together=together,
         ds_read_wraps=dynamic_slice_path,
-        unique=not arrays and not clipped_strides,
+        unique=not arrays and not clipped_strides and not wrapped_repeats,
         # A ring's rows ascend but for one jump back to row 0: as good an
         # address order as any (only speed depends on it: positions are unique).
-        ascending=not arrays and steps_up,
+        ascending=not arrays and steps_up and not wrapped_repeats,
     )

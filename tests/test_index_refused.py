@@ -37,6 +37,7 @@ REFUSED = [
     ((S(None), np.bool_(False)), (TypeError,), "a numpy bool"),
     ("0", (TypeError, IndexError), "a string"),
     ((0, jax.ds(1.5, 2)), (TypeError, IndexError, ValueError), "a float ds start"),
+    (S(np.bool_(True), 3), (TypeError,), "a numpy bool slice bound"),  # jnp: TypeError too
 ]
 
 

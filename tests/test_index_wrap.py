@@ -114,3 +114,41 @@ def test_with_x64_int64_and_uint64_indices_wrap_exactly():
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")
+
+
+def _apply_in_order(a, positions, updates, method):
+    """numpy: each update applied in index order (set: the last one wins)."""
+    out = a.copy()
+    for p, u in zip(positions, updates, strict=True):
+        out[p] = {"set": lambda o, u: u, "add": np.add, "min": np.minimum, "max": np.maximum,
+                  "multiply": np.multiply}[method](out[p], u)
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", ["set", "add", "min", "max", "multiply"])
+@pytest.mark.parametrize("start", [0, 3, jnp.int32(5)], ids=["0", "3", "traced 5"])
+def test_a_strided_window_past_its_cycle_comes_back_to_its_rows(backend, method, start):
+    # jax.ds(start, 6, 5) on 4 rows: 0, 1, 2, 3, 0, 1 from 0. Those rows repeat: the
+    # write's duplicates (they were taken as distinct, keeping one update per row).
+    a = np.arange(1, N, dtype=np.float32)  # 4 rows
+    updates = np.arange(2, 8, dtype=np.float32)
+    positions = _window(int(start), 6, 5, dim=4)
+    step = jax.jit(lambda x, s: getattr(pp.at(x)[jax.ds(s, 6, 5)], method)(
+        jnp.asarray(updates), mode="wrap", backend=backend), donate_argnums=0)
+    got = step(put(a), start)
+    np.testing.assert_array_equal(read(got), _apply_in_order(a, positions, updates, method))
+
+
+@pytest.mark.parametrize("spec", ["data", None], ids=["sharded", "replicated"])
+def test_a_strided_window_past_its_cycle_on_a_mesh_keeps_the_last_write(spec):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((2,), ("data",))
+    a = np.zeros(8, np.float32)
+    x = jax.device_put(a, NamedSharding(mesh, P(spec), memory_kind="pinned_host"))
+    updates = np.arange(1, 17, dtype=np.float32)
+    got = pp.at(x)[jax.ds(4, 16, 9)].set(jnp.asarray(updates), mode="wrap")
+    want = _apply_in_order(a, _window(4, 16, 9, dim=8), updates, "set")
+    np.testing.assert_array_equal(read(got), want)
