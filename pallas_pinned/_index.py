@@ -212,23 +212,20 @@ class IndexPlan:
                 continue
             static = item.operand is None
             xp = _PY if static else jnp
-            if static:
-                start = item.value  # Under "wrap" already taken modulo the axis (parse).
-            elif mode == "wrap":
-                start = wrapped(operands[item.operand], dim, wide)
-            else:
-                start = _start_of(item, operands, wide)
-            # jnp wraps negative ints once; reads wrap ds starts too, except in
-            # the filling modes, which judge the window as given.
-            wraps = item.kind == "int" or (
-                read and mode not in ("fill", "drop") and self.ds_read_wraps
-            )
-            if wraps:
-                start = xp.where(start < 0, start + dim, start)
             if mode == "wrap":
-                start = xp.mod(start, dim)
-            elif _block_checked(mode, read):
-                ok = ok & (start >= 0) & (start <= dim - size)
+                # In [0, dim) already: taken modulo the axis when parsed, or here.
+                start = item.value if static else wrapped(operands[item.operand], dim, wide)
+            else:
+                start = item.value if static else _start_of(item, operands, wide)
+                # jnp wraps negative ints once; reads wrap ds starts too, except in
+                # the filling modes, which judge the window as given.
+                wraps = item.kind == "int" or (
+                    read and mode not in ("fill", "drop") and self.ds_read_wraps
+                )
+                if wraps:
+                    start = xp.where(start < 0, start + dim, start)
+                if _block_checked(mode, read):
+                    ok = ok & (start >= 0) & (start <= dim - size)
             starts.append(xp.clip(start, 0, dim - size))
             sizes.append(size)
         return tuple(starts), tuple(sizes), ok
@@ -240,10 +237,6 @@ class _PY:
     @staticmethod
     def where(cond, a, b):
         return a if cond else b
-
-    @staticmethod
-    def mod(a, n):
-        return a % n
 
     @staticmethod
     def clip(a, lo, hi):
