@@ -249,15 +249,16 @@ def _start_of(item: Item, operands, wide):
     return to_wide(jnp.asarray(operands[item.operand]), wide)
 
 
-def wrapped(index, dim: int, wide):
+def wrapped(index, dim: int, wide, xp=jnp):
     """``index`` modulo ``dim`` (``mode="wrap"``), as ``wide``: exact for every value of
     the index's own type. The modulus comes first, in that type where ``dim`` fits it,
     so no index is clamped to ``wide`` or overflows on the way (a uint32 index above
-    2**31 - 1 without x64, say)."""
-    index = jnp.asarray(index)
-    if jnp.iinfo(index.dtype).max >= dim:
-        return jnp.mod(index, jnp.asarray(dim, index.dtype)).astype(wide)
-    return jnp.mod(index.astype(wide), dim)  # A narrower type: the cast loses nothing.
+    2**31 - 1 without x64, say). ``xp``: ``jnp``, or ``np`` for a numpy index before
+    jax would narrow it."""
+    index = xp.asarray(index)
+    if np.iinfo(index.dtype).max >= dim:
+        return xp.mod(index, xp.asarray(dim, index.dtype)).astype(wide)
+    return xp.mod(index.astype(wide), dim)  # A narrower type: the cast loses nothing.
 
 
 def _wrapped_start(item: Item, operands, dim: int, wide):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned._index import IndexPlan, Item
+from pallas_pinned._index import IndexPlan, Item, wrapped
 from pallas_pinned._rows import index_dtype, to_wide_numpy
 
 __all__ = ["MASK_ADVICE", "SUPPORTED_FORMS", "parse"]
@@ -69,10 +69,8 @@ def _as_array(a: Any, wrap_dim: int | None = None):
     if not jnp.issubdtype(dtype, jnp.integer):
         raise _type_error(f"an array of dtype {dtype} (shape {a.shape})")
     if isinstance(a, np.ndarray):
-        if wrap_dim:  # In the index's own type where the axis fits it: exact.
-            fits = wrap_dim <= np.iinfo(a.dtype).max
-            a = np.mod(a, np.asarray(wrap_dim, a.dtype)) if fits else np.mod(
-                a.astype(np.int64), wrap_dim)
+        if wrap_dim:  # Exact, before the narrowing below could clamp the index.
+            a = wrapped(a, wrap_dim, np.int64, xp=np)
         # Narrow here, saturating, before jax would truncate int64 values.
         a = to_wide_numpy(a, index_dtype())
     return a
