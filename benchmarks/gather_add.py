@@ -190,15 +190,6 @@ def print_results(records: list[dict]) -> None:
             print(f"  {case}: {line}")
 
 
-def _missing(r: dict | None) -> str | None:
-    """Why a record gives no ratio (None: it does): not run, an error, a wrong result."""
-    if r is None:
-        return "not run"
-    if r["status"] != "ok":
-        return "error" if r["status"] == "error" else r["status"]
-    return "incorrect" if r["correct"] is False else None
-
-
 def target_lines(records: list[dict], case: str) -> list[str]:
     """The issue's two targets and ours against XLA, each ``n/a (why)`` where a side
     errored, was wrong or did not run."""
@@ -211,7 +202,7 @@ def target_lines(records: list[dict], case: str) -> list[str]:
             ("add ours/xla throughput", "add_ours", "add_xla", "updates_per_s")):
         a, b = by.get(num), by.get(den)
         why = "; ".join(f"{name} {w}" for name, r in ((num, a), (den, b))
-                        if (w := _missing(r)))
+                        if (w := report.why_unusable(r)))
         if why:
             lines.append(f"{label} n/a ({why})")
             continue

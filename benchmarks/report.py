@@ -234,6 +234,16 @@ def _at(records, provider, row_bytes, n) -> dict | None:
                  if r["row_bytes"] == row_bytes and r["n_updates"] == n), None)
 
 
+def why_unusable(r: dict | None) -> str | None:
+    """Why a record gives no ratio (None: it does): ``not run``, its status (``error``,
+    ``skipped: ...``), or ``incorrect``."""
+    if r is None:
+        return "not run"
+    if r["status"] != "ok":
+        return r["status"]
+    return "incorrect" if r.get("correct") is False else None
+
+
 def _why_absent(records, provider, row_bytes, n) -> str | None:
     """Why the provider has no usable timing of the case: ``n/a (error)``, ``n/a
     (incorrect)``, ``n/a (skipped: ...)``; None where the run has no record of it."""
@@ -242,9 +252,7 @@ def _why_absent(records, provider, row_bytes, n) -> str | None:
               and r["dtype"] == "float32"), None)
     if r is None:
         return None
-    if r["status"] == "ok" and r.get("correct") is False:
-        return "n/a (incorrect)"
-    return f"n/a ({r['status'] if r['status'] != 'ok' else 'untimed'})"
+    return f"n/a ({why_unusable(r) or 'untimed'})"
 
 
 def _ratio(a: float | None, b: float | None) -> str:
