@@ -104,13 +104,14 @@ def write(
         backend=backend,
     )
     updates = _as_updates(updates, getattr(x, "dtype", None))
-    if _sharded.is_sharded_buffer(x):
-        return _sharded.write(op, x, index, updates, **settings)
-    plan, operands = _checked_write(
-        op, x, index, updates, mode=mode, backend=backend, settings=settings
-    )
-    call = _local_write.WriteCall.of(op, plan, **settings)
-    return _local_write.write(x, operands, updates, call)
+    with _local_write.naming_the_jvp_fix(op):
+        if _sharded.is_sharded_buffer(x):
+            return _sharded.write(op, x, index, updates, **settings)
+        plan, operands = _checked_write(
+            op, x, index, updates, mode=mode, backend=backend, settings=settings
+        )
+        call = _local_write.WriteCall.of(op, plan, **settings)
+        return _local_write.write(x, operands, updates, call)
 
 
 def _as_updates(updates: Any, x_dtype) -> Any:

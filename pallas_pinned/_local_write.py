@@ -23,6 +23,7 @@ buffer anyway.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import warnings
@@ -218,6 +219,31 @@ def _grad_message(op_name: str, what: str) -> str:
         "old = pallas_pinned.gather_from_host(x, i), and write them with scatter_to_host "
         "outside the differentiated function"
     )
+
+
+# JAX's own words when forward mode meets a write: its custom_vjp (jax/_src/interpreters/
+# ad.py), or, under jax.hessian, the kernel's aliased pallas_call (jax/_src/pallas).
+_JAX_JVP_REFUSALS = ("forward-mode autodiff (jvp) to a custom_vjp", "JVP with aliasing")
+
+
+@contextlib.contextmanager
+def naming_the_jvp_fix(op: str):
+    """Turns JAX's refusal of ``jax.jvp`` (also ``jacfwd``, ``hessian``) through a write's
+    ``custom_vjp`` into one that names the reverse-mode alternative. JAX raises it when
+    the tangent is computed: eagerly that is inside this call; under an enclosing ``jit``
+    it is at the caller's, with JAX's words."""
+    try:
+        yield
+    except (TypeError, NotImplementedError) as error:
+        if not any(words in str(error) for words in _JAX_JVP_REFUSALS):
+            raise
+        raise TypeError(
+            f"{OP_NAMES[op]} has no forward-mode derivative (jax.jvp, jax.jacfwd, "
+            "jax.hessian): a write's tangent is a buffer of x's full size. Differentiate "
+            "set and add with respect to updates in reverse mode (jax.grad, jax.vjp, "
+            "jax.jacrev), reading the result back with "
+            "jax.device_put(out, jax.memory.Space.Device)"
+        ) from error
 
 
 def _refuse_gradients(op: str, x, updates) -> None:

@@ -227,6 +227,35 @@ def test_a_failing_transformation_leaves_the_buffer_alive_and_unchanged(case, ji
     assert_same(read(x), X0)
 
 
+@pytest.mark.parametrize(
+    "forward_mode",
+    [
+        lambda f, u: jax.jvp(f, (u,), (u,)),
+        lambda f, u: jax.jacfwd(lambda u: _on_device(f(u)))(u),
+        lambda f, u: jax.hessian(lambda u: jnp.sum(_on_device(f(u))))(u),
+    ],
+    ids=["jvp", "jacfwd", "hessian"],
+)
+@pytest.mark.parametrize("op", ["set", "add"])
+def test_forward_mode_names_the_reverse_mode_that_works(forward_mode, op):
+    x, i, u = put(X0), jnp.array([1, 3]), jnp.ones((2, 2), jnp.float32)
+
+    def write(u):
+        return getattr(pp.at(x)[i], op)(u)
+
+    # jax.hessian is jacfwd's vmap of a jvp: the vmap refusal can come first (XLA's path).
+    with pytest.raises((TypeError, NotImplementedError)) as raised:
+        forward_mode(write, u)
+    assert re.search(r"no forward-mode derivative .*jax\.jacrev|does not support jax\.vmap",
+                     str(raised.value)), raised.value
+    assert not x.is_deleted()
+    assert_same(read(x), X0)
+    # The reverse mode it names gives jnp's Jacobian.
+    jacobian = jax.jacrev(lambda u: _on_device(write(u)))(u)
+    expected = jax.jacrev(lambda u: getattr(jnp.asarray(X0).at[i], op)(u))(u)
+    assert_same(jacobian, expected)
+
+
 def test_the_gather_refusal_shows_a_formulation_that_works():
     x, i, u = put(X0), jnp.array([1, 3]), jnp.ones((2, 2), jnp.float32)
     with pytest.raises(TypeError, match=r"gather_from_host\(x0, i\) \+ u"):
