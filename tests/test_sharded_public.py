@@ -15,8 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import pallas_pinned as pp
+from pallas_pinned import _sharded
+from pallas_pinned.testing import scatter_oracle
 
 _CHILD = textwrap.dedent(
     """
@@ -246,12 +250,6 @@ def test_public_ops_take_sharded_buffers():
 def test_gpu_one_device_mesh_runs_the_kernel_inside_shard_map(backend):
     # The sharded path on a one-device mesh: shard_map around the kernel, the
     # buffer in pinned host memory, bit for bit the single-device result.
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    from pallas_pinned import _sharded
-    from pallas_pinned.testing import scatter_oracle
-
     mesh = jax.make_mesh((1,), ("data",))
     sharding = NamedSharding(mesh, P("data"), memory_kind="pinned_host")
     rng = np.random.default_rng(3)
@@ -278,8 +276,6 @@ def _single():
 @pytest.mark.parametrize("method", ["set", "add", "max"])
 def test_vmap_of_a_write_to_a_buffer_on_a_mesh_is_refused_and_x_survives(spec, method):
     # As for one device: vmap would return one copy of the whole buffer per batch entry.
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((2,), ("data",))
     x0 = np.arange(32, dtype=np.float32).reshape(8, 4)
@@ -297,8 +293,6 @@ def test_vmap_of_a_write_to_a_buffer_on_a_mesh_is_refused_and_x_survives(spec, m
 @pytest.mark.parametrize("spec", ["data", None], ids=["sharded", "replicated"])
 def test_a_twin_of_a_buffer_on_a_mesh_is_refused_as_the_buffer_itself(spec):
     # Another Array object over the same device buffers: x would be donated and read at once.
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((2,), ("data",))
     x0 = np.arange(32, dtype=np.float32).reshape(8, 4)
@@ -314,8 +308,6 @@ def test_a_twin_of_a_buffer_on_a_mesh_is_refused_as_the_buffer_itself(spec):
 def test_a_fill_read_of_an_empty_axis_converts_the_fill_as_on_one_device(fill_value):
     # jnp refuses such reads; ours fill them, converting the fill as jnp would (1000
     # wraps in int8), eagerly and under jit, sharded as on one device.
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((2,), ("data",))
     x0 = np.zeros((4, 0, 3), np.int8)
