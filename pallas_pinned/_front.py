@@ -15,7 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned import _local_read, _local_write, _placement, _sharded, _validation
+from pallas_pinned import (
+    _local_read,
+    _local_write,
+    _placement,
+    _registry,
+    _sharded,
+    _validation,
+)
 
 __all__ = ["read", "write"]
 
@@ -104,6 +111,7 @@ def write(
         backend=backend,
     )
     updates = _as_updates(updates, getattr(x, "dtype", None))
+    _import_pallas_before_tracing(backend)
     with _local_write.naming_the_jvp_fix(op):
         if _sharded.is_sharded_buffer(x):
             return _sharded.write(op, x, index, updates, **settings)
@@ -112,6 +120,15 @@ def write(
         )
         call = _local_write.WriteCall.of(op, plan, **settings)
         return _local_write.write(x, operands, updates, call)
+
+
+def _import_pallas_before_tracing(backend: str) -> None:
+    """Imports Pallas, where a path may use it, before the first trace would. Pallas adds
+    configuration options when it first imports, and JAX keys its trace caches on them:
+    a process's first call, which imported Pallas while tracing, was compiled twice (again
+    on its second call)."""
+    if backend != "xla":
+        _registry.pallas_triton_importable()
 
 
 def _as_updates(updates: Any, x_dtype) -> Any:
@@ -143,6 +160,7 @@ def read(
     backend: str,
 ):
     """``x.at[index].get(mode=mode, fill_value=fill_value)``, into device memory."""
+    _import_pallas_before_tracing(backend)
     if _sharded.is_sharded_buffer(x):
         return _sharded.gather(
             x, index, mode=mode, fill_value=fill_value, indices_are_sorted=indices_are_sorted,

@@ -8,6 +8,9 @@ updates or indices, and an explicit kernel backend that cannot run now.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -110,3 +113,47 @@ def test_fill_values_are_kept_by_their_bits():
         assert got[1].tobytes() == want.tobytes() or (np.isnan(fill) and np.isnan(got[1]).all())
     # Two NaNs share one signature; 0.0 and -0.0 do not; 0 (int) and False (bool) neither.
     assert len(_front._PLANS) == 5
+
+
+_FIRST_CALLS = """
+import logging, sys
+import jax, jax.numpy as jnp, numpy as np
+import pallas_pinned as pp
+
+compiled = []
+
+
+class Compiles(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("Finished XLA compilation"):
+            compiled.append(record.getMessage().split(" in ")[0])
+
+
+logging.getLogger("jax").addHandler(Compiles())
+jax.config.update("jax_log_compiles", True)
+pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+x = jax.device_put(np.zeros((64, 4), np.float32), pinned)
+i, y = jnp.array([1, 3]), jnp.ones((2, 4))
+jax.block_until_ready((x, i, y))
+for call in range(3):
+    compiled.clear()
+    x = pp.at(x)[i].add(y, backend=sys.argv[1])
+    rows = pp.at(x)[i].get(backend=sys.argv[1])
+    print(call, compiled)
+assert np.asarray(rows).tolist() == [[3.0] * 4] * 2
+"""
+
+
+@pytest.mark.parametrize("backend", ["auto", "xla"])
+def test_a_process_compiles_its_first_call_once(backend):
+    # Pallas adds configuration options when it first imports, and JAX keys its trace
+    # caches on them: a first call that imported it while tracing compiled again on the
+    # second call. A fresh process, so that nothing has imported Pallas yet.
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_CALLS, backend], capture_output=True, text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("0 [") and "jit(run)" in lines[0], lines
+    assert lines[1:] == ["1 []", "2 []"], lines
