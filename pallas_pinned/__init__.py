@@ -3,7 +3,7 @@
 Ops on a buffer that lives in ``pinned_host`` memory, updated or read with
 device-resident indices and data, without copying the buffer:
 
-* :func:`at` — ``at(x)[index].set(y)``, ``.add``, ``.min``, ``.max``,
+* :func:`at` — ``at(x)[index].set(y)``, ``.add``, ``.subtract``, ``.min``, ``.max``,
   ``.multiply``/``.mul`` and ``.get()``, for every index form jnp takes
   (boolean masks aside) plus ``mode="wrap"``;
 * :func:`scatter_to_host` — ``x.at[i].set(y)``, last duplicate wins;

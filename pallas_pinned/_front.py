@@ -105,12 +105,14 @@ def write(
     indices_are_sorted: bool,
     backend: str,
 ):
-    """``x.at[index].<op>(updates)`` for ``op`` in set, add, min, max, mul."""
+    """``x.at[index].<op>(updates)`` for ``op`` in set, add, sub, min, max, mul."""
     settings = dict(
         mode=mode, unique_indices=unique_indices, indices_are_sorted=indices_are_sorted,
         backend=backend,
     )
     updates = _as_updates(updates, getattr(x, "dtype", None))
+    if op == "sub":
+        op, updates = "add", _negated(x, updates)
     _import_pallas_before_tracing(backend)
     with _local_write.naming_the_jvp_fix(op):
         if _sharded.is_sharded_buffer(x):
@@ -120,6 +122,28 @@ def write(
         )
         call = _local_write.WriteCall.of(op, plan, **settings)
         return _local_write.write(x, operands, updates, call)
+
+
+def _negated(x: Any, updates: Any) -> Any:
+    """``.subtract``'s updates for ``add``: negated in the type ``x`` and they promote to,
+    where ``x - y`` and ``x + (-y)`` agree (negation is exact, and integers wrap alike), and
+    cast from there as add casts them. What is not numeric goes on unchanged, for add's
+    own refusal, and so does ``x`` itself."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and jnp.dtype(dtype) == jnp.bool_:
+        raise TypeError(
+            f"subtract from a bool buffer (x has dtype {dtype}), which jnp's .subtract "
+            "refuses too; use .min (AND) with the complement of the updates"
+        )
+    if dtype is None or updates is x:
+        return updates
+    try:
+        updates = jnp.asarray(_placement.to_device_memory(updates))
+    except TypeError:
+        return updates
+    if not (jnp.issubdtype(updates.dtype, jnp.number) or updates.dtype == jnp.bool_):
+        return updates
+    return -updates.astype(jnp.result_type(dtype, updates))
 
 
 def _import_pallas_before_tracing(backend: str) -> None:

@@ -1,4 +1,4 @@
-"""``at(x)[index].get/set/add/min/max/multiply``: jnp's ``.at`` spelling for the host ops."""
+"""``at(x)[index].get/set/add/subtract/min/max/multiply``: jnp's ``.at`` for the host ops."""
 
 from __future__ import annotations
 
@@ -48,6 +48,12 @@ class _IndexedBuffer:
         """:func:`scatter_add_to_host`: jnp's ``.add``."""
         return self._write("add", values, **kwargs)
 
+    def subtract(self, values: Any, **kwargs: Any) -> jax.Array:
+        """jnp's ``.subtract``: ``.add`` of the updates negated in the type ``x`` and they
+        promote to (the same values; a NaN result can differ in sign from jnp's, and
+        refusals name scatter_add_to_host)."""
+        return self._write("sub", values, **kwargs)
+
     def min(self, values: Any, **kwargs: Any) -> jax.Array:
         """:func:`scatter_min_to_host`: jnp's ``.min``."""
         return self._write("min", values, **kwargs)
@@ -65,9 +71,10 @@ class _IndexedBuffer:
     def __getattr__(self, name: str):
         if name in _NOT_PROVIDED:
             raise AttributeError(
-                f"pallas_pinned.at(x)[...].{name} is not provided (get, set, add, min, max, "
-                f"multiply/mul are). Read the rows with .get(), compute on the device, and "
-                f"write them back with .set(), or use jnp's x.at[...].{name} on a device array"
+                f"pallas_pinned.at(x)[...].{name} is not provided (get, set, add, subtract, "
+                f"min, max, multiply/mul are). Read the rows with .get(), compute on the "
+                f"device, and write them back with .set(), or use jnp's x.at[...].{name} on "
+                "a device array"
             )
         raise AttributeError(name)
 
@@ -97,7 +104,8 @@ def at(x: jax.Array) -> _AtHelper:
     ``.add``, ``.min``, ``.max``, ``.multiply`` (also ``.mul``) take
     ``(values, **kw)`` and are :func:`scatter_to_host`,
     :func:`scatter_add_to_host`, :func:`scatter_min_to_host`,
-    :func:`scatter_max_to_host` and :func:`scatter_mul_to_host`. The
+    :func:`scatter_max_to_host` and :func:`scatter_mul_to_host`;
+    ``.subtract`` is ``.add`` of the negated values. The
     keywords are theirs (``mode``, ``unique_indices``,
     ``indices_are_sorted``, ``backend``; ``fill_value`` for ``get``). Every
     index form jnp takes works, boolean masks aside, plus ``mode="wrap"``.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,3 +123,72 @@ def test_repr_names_the_buffer_and_index():
     x = put(np.zeros((4, 2), np.float32))
     assert "float32" in repr(at(x)) and "[4,2]" in repr(at(x))
     assert repr(at(x)[1:3]).endswith("[slice(1, 3, None)]")
+
+
+_SUBTRACT_UPDATES = {
+    # (the buffer's dtype, the updates: "own" for the buffer's, or a dtype that promotes
+    # with it safely, or a Python scalar): no lossy cast, where jnp combines otherwise.
+    "float32 own": ("float32", "own"),
+    "bfloat16 own": ("bfloat16", "own"),
+    "int8 own": ("int8", "own"),
+    "uint8 own (wraps)": ("uint8", "own"),
+    "uint8 python int": ("uint8", 7),
+    "int32 from uint8": ("int32", "uint8"),
+    "uint32 own (wraps)": ("uint32", "own"),
+    "float32 from int8": ("float32", "int8"),
+    "float16 python float": ("float16", 2.5),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(_SUBTRACT_UPDATES))
+def test_subtract_is_jnps(rng, backend, case):
+    dtype, updates = _SUBTRACT_UPDATES[case]
+    x0 = make_values(rng, (12, 3), dtype)
+    if jnp.issubdtype(x0.dtype, jnp.floating):
+        x0 = (np.round(x0.astype(np.float32) * 4) / 4).astype(x0.dtype)  # exact sums
+    if updates == "own":
+        updates = make_values(rng, (2, 3, 3), dtype)
+    elif isinstance(updates, str):
+        updates = make_values(rng, (2, 3, 3), updates)
+    # Duplicates, a negative and an out-of-range row; quarters, so that the floats' sums
+    # do not depend on their order.
+    idx = jnp.array([[2, -1, 5], [2, 40, 0]])
+    if jnp.issubdtype(np.asarray(updates).dtype, jnp.floating):
+        updates = np.round(np.asarray(updates, np.float32) * 4) / 4
+        updates = updates.astype(np.float32 if dtype == "float32" else dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # no lossy cast on either side
+        expected = jnp.asarray(x0).at[idx].subtract(updates)
+        got = at(put(x0))[idx].subtract(updates, backend=backend)
+    assert_same(read(got), np.asarray(expected))
+
+
+def test_subtract_warns_where_jnp_does_and_refuses_bool():
+    x = put(np.zeros((4, 2), np.int32))
+    with pytest.warns(FutureWarning):
+        x = at(x)[1].subtract(jnp.float32(2.0))
+    assert_same(read(x)[1], np.array([-2, -2], np.int32))
+    flags = put(np.zeros((4, 2), bool))
+    with pytest.raises(TypeError, match="subtract from a bool buffer"):
+        at(flags)[1].subtract(True)
+    assert not flags.is_deleted()
+
+
+def test_subtract_differentiates_as_jnps(rng):
+    x0 = rng.standard_normal((8, 2)).astype(np.float32)
+    weights = jnp.asarray(rng.standard_normal((8, 2)).astype(np.float32))
+    idx, u = jnp.array([1, 6, 1]), jnp.ones((3, 2), jnp.float32)
+    x = put(x0)
+
+    def ours(u):
+        out = at(x)[idx].subtract(u)
+        return jnp.sum(jax.device_put(out, jax.memory.Space.Device) * weights)
+
+    def theirs(u):
+        return jnp.sum(jnp.asarray(x0).at[idx].subtract(u) * weights)
+
+    assert_same(jax.grad(ours)(u), jax.grad(theirs)(u))
+    assert_same(jax.jit(jax.grad(ours))(u), jax.grad(theirs)(u))
+    assert not x.is_deleted()
+    assert_same(read(x), x0)
