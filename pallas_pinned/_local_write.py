@@ -201,7 +201,8 @@ def _vmap_message(op_name: str) -> str:
         f"{op_name} does not support jax.vmap: it updates one buffer in place. Fold a batch "
         f"of index/update sets into one call, {op_name}(x, indices.reshape(-1), "
         "updates.reshape((-1,) + x.shape[1:])) (for set, later sets win), or loop over "
-        "buffers with lax.fori_loop / lax.scan"
+        "buffers with lax.fori_loop / lax.scan. (jax.jacfwd and jax.hessian vmap a jvp: "
+        "take a Jacobian with respect to updates in reverse mode, jax.jacrev)"
     )
 
 
