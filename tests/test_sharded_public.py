@@ -322,3 +322,35 @@ def test_a_fill_read_of_an_empty_axis_converts_the_fill_as_on_one_device(fill_va
     x = jax.device_put(x0, sharded)
     for call in (read, jax.jit(read)):
         assert np.asarray(call(x)).tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize(
+    "backend, check_vma",
+    [("auto", True), ("xla", True), ("interpret", False)],
+)
+def test_the_ops_inside_a_users_shard_map_give_jnps_result(backend, check_vma):
+    # The buffer's local shard inside the user's own shard_map, with shard_map's default
+    # check_vma: the kernel's output type says along which mesh axes it varies (auto
+    # traces the kernel on every platform). Pallas's interpreter itself cannot run under
+    # check_vma (a gather in its evaluation mixes varying and invarying values).
+    mesh = jax.make_mesh((2,), ("data",))
+    x0 = np.arange(16, dtype=np.float32).reshape(8, 2)
+    ids = jnp.array([1, 0, 1], jnp.int32)
+
+    def ours(x, ids):
+        rows = pp.at(x)[ids].get(backend=backend)
+        return pp.at(x)[ids].add(rows + 1, backend=backend), rows[None]
+
+    def theirs(x, ids):
+        rows = x[ids]
+        return x.at[ids].add(rows + 1), rows[None]
+
+    specs = dict(mesh=mesh, in_specs=(P("data"), P()), out_specs=(P("data"), P("data")))
+    want = jax.jit(jax.shard_map(theirs, **specs))(
+        jax.device_put(x0, NamedSharding(mesh, P("data"))), ids
+    )
+    x = jax.device_put(x0, NamedSharding(mesh, P("data"), memory_kind="pinned_host"))
+    got = jax.jit(jax.shard_map(ours, check_vma=check_vma, **specs), donate_argnums=0)(x, ids)
+    assert got[0].sharding.memory_kind == "pinned_host"
+    for mine, jnps in zip(got, want, strict=True):
+        assert np.asarray(mine).tobytes() == np.asarray(jnps).tobytes()
