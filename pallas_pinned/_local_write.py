@@ -211,8 +211,11 @@ def _grad_message(op_name: str, what: str) -> str:
         return (
             f"{op_name} is not differentiable with respect to the buffer x: its cotangent "
             "would be a second buffer of x's full size. Differentiate with respect to updates "
-            "only, and wrap the buffer in jax.lax.stop_gradient(x) if it is derived from "
-            "differentiated values"
+            "only. If x comes from an earlier write of differentiated updates, make the two "
+            "one call (concatenate their indices and their updates; for set, later entries "
+            "win) or keep the differentiated rows on the device and write them once; "
+            "jax.lax.stop_gradient(x) would drop the earlier updates' gradient. Wrap x in it "
+            "where no gradient should flow through the buffer"
         )
     return (
         f"{op_name} is not differentiable with respect to updates (only set and add are). "

@@ -52,6 +52,35 @@ def test_grad_with_respect_to_the_buffer_is_refused():
         jax.grad(lambda x: jnp.sum(pp.scatter_to_host(x, 1, 0.0)))(jnp.array(X0))
 
 
+@pytest.mark.parametrize("op", ["set", "add"])
+def test_two_differentiated_writes_in_a_row_name_the_one_call_that_works(op):
+    x = put(X0)
+    i, j = jnp.array([1, 3]), jnp.array([3, 4])
+    u1, u2 = jnp.ones((2, 2), jnp.float32), 2 * jnp.ones((2, 2), jnp.float32)
+    weights = jnp.arange(12.0, dtype=jnp.float32).reshape(6, 2)
+
+    def chained(u1, u2):
+        once = getattr(pp.at(x)[i], op)(u1)
+        return jnp.sum(_on_device(getattr(pp.at(once)[j], op)(u2)) * weights)
+
+    with pytest.raises(TypeError, match="make the two one call"):
+        jax.grad(chained, argnums=(0, 1))(u1, u2)
+    assert not x.is_deleted()
+
+    def one_call(u1, u2):
+        both = getattr(pp.at(x)[jnp.concatenate([i, j])], op)(jnp.concatenate([u1, u2]))
+        return jnp.sum(_on_device(both) * weights)
+
+    def theirs(u1, u2):
+        once = getattr(jnp.asarray(X0).at[i], op)(u1)
+        return jnp.sum(getattr(once.at[j], op)(u2) * weights)
+
+    got = jax.grad(one_call, argnums=(0, 1))(u1, u2)
+    for mine, jnps in zip(got, jax.grad(theirs, argnums=(0, 1))(u1, u2), strict=True):
+        assert_same(mine, jnps)
+    assert_same(read(x), X0)
+
+
 def test_vmap_is_refused_with_the_alternative():
     x = jnp.array(X0)
     with pytest.raises(NotImplementedError, match=r"indices.reshape\(-1\)"):
