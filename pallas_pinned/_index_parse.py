@@ -68,6 +68,8 @@ def _as_array(a: Any, wrap_dim: int | None = None):
         raise TypeError(f"indices has dtype bool (shape {a.shape}); {MASK_ADVICE}")
     if not jnp.issubdtype(dtype, jnp.integer):
         raise _type_error(f"an array of dtype {dtype} (shape {a.shape})")
+    if jnp.iinfo(dtype).bits < 8:  # int4 and kin, which numpy's integer tools do not know.
+        a = a.astype(np.int8 if jnp.issubdtype(dtype, jnp.signedinteger) else np.uint8)
     if isinstance(a, np.ndarray):
         if wrap_dim:  # Exact, before the narrowing below could clamp the index.
             a = wrapped(a, wrap_dim, np.int64, xp=np)

@@ -163,11 +163,14 @@ def test_jax_array_indices(rng, kind):
         assert_matches(got, jnp_call(a, idx_np, method, v), f"{method} {kind} indices")
 
 
-@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint32, np.int64])
+@pytest.mark.parametrize(
+    "dtype", [np.int8, np.uint8, np.int16, np.uint32, np.int64, "int4", "uint4", "int2"]
+)
 def test_index_dtypes(rng, dtype):
     # Every integer type indexes (unsigned ones have no negative values to wrap).
     a = buffer_values(rng, (6, 5), np.float32)
-    rows = A([5, 0, 3], dtype)
+    # Sub-byte types (numpy's integer tools do not know them) as numpy and as jax arrays.
+    rows = A([1, 0, -1] if dtype == "int2" else [5, 0, 3], jnp.dtype(dtype))
     values = update_values(rng, (3, 2), np.float32)
     index = (rows, S(1, 5, 2))
     for method in ALL:
@@ -175,7 +178,12 @@ def test_index_dtypes(rng, dtype):
         got = pallas_pinned.at(pinned(a))[index]
         got = got.get() if v is None else getattr(got, method)(v)
         assert_matches(got, jnp_call(a, (rows.astype(np.int32), S(1, 5, 2)), method, v),
-                       f"{method} {np.dtype(dtype).name}")
+                       f"{method} {jnp.dtype(dtype).name}")
+        if jnp.iinfo(dtype).bits < 8:
+            ref = pallas_pinned.at(pinned(a))[(jnp.asarray(rows), S(1, 5, 2))]
+            got = ref.get() if v is None else getattr(ref, method)(v)
+            assert_matches(got, jnp_call(a, (rows.astype(np.int32), S(1, 5, 2)), method, v),
+                           f"{method} jax {jnp.dtype(dtype).name}")
 
 
 def test_traced_int_scalars_under_jit(rng):
