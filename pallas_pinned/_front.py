@@ -110,6 +110,8 @@ def write(
         mode=mode, unique_indices=unique_indices, indices_are_sorted=indices_are_sorted,
         backend=backend,
     )
+    _check_static_flags(unique_indices=unique_indices, indices_are_sorted=indices_are_sorted)
+    _validation.check_arguments_alive(indices=index, updates=updates)
     updates = _as_updates(updates, getattr(x, "dtype", None))
     if op == "sub":
         op, updates = "add", _negated(x, updates)
@@ -122,6 +124,16 @@ def write(
         )
         call = _local_write.WriteCall.of(op, plan, **settings)
         return _local_write.write(x, operands, updates, call)
+
+
+def _check_static_flags(**flags: Any) -> None:
+    """The promises choose the plan, so a trace must know them."""
+    for name, value in flags.items():
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(
+                f"{name} must be a Python bool known while tracing (it chooses the plan), "
+                f"got a traced value {value!r}; pass it as a static argument of your jit"
+            )
 
 
 def _negated(x: Any, updates: Any) -> Any:
@@ -159,7 +171,13 @@ def _as_updates(updates: Any, x_dtype) -> Any:
     """Updates as jnp's ``.at[]`` takes them: a list becomes an array, and a Python int
     too large for the default int type (2**32 - 1 into uint32) one of ``x``'s type."""
     if isinstance(updates, list | tuple):
-        return jnp.asarray(updates)
+        try:
+            return jnp.asarray(updates)
+        except ValueError as err:  # numpy refuses ragged nesting.
+            raise ValueError(
+                "updates is a ragged list (its sublists differ in length), which has no "
+                f"array shape; pass an array or a rectangular nesting ({err})"
+            ) from None
     if (
         type(updates) is int and x_dtype is not None and jnp.issubdtype(x_dtype, jnp.integer)
         and not _fits(updates, jnp.int_) and _fits(updates, x_dtype)
@@ -184,6 +202,8 @@ def read(
     backend: str,
 ):
     """``x.at[index].get(mode=mode, fill_value=fill_value)``, into device memory."""
+    _check_static_flags(unique_indices=unique_indices, indices_are_sorted=indices_are_sorted)
+    _validation.check_arguments_alive(indices=index)
     _import_pallas_before_tracing(backend)
     if _sharded.is_sharded_buffer(x):
         return _sharded.gather(

@@ -56,6 +56,12 @@ def _as_array(a: Any, wrap_dim: int | None = None):
         if not a:
             a = np.zeros((0,), np.int64)  # An empty list has no dtype; numpy says float64.
         else:
+            if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(a)):
+                raise TypeError(
+                    "indices is a list holding traced values, which has no array form "
+                    "while tracing; pass one array instead: jnp.stack([...]) of the values "
+                    "(or jnp.array(...) of a nested list)"
+                )
             try:
                 a = np.asarray(a)
             except ValueError as err:  # numpy refuses ragged nesting.
@@ -296,7 +302,16 @@ def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None)
     lead_items = tuple(items[: last + 1])
     lead = sum(1 for item in lead_items if item.kind != "new")
     adv = [k for k, item in enumerate(lead_items) if item.advanced]
-    group = np.broadcast_shapes(*[item.shape for item in lead_items if item.advanced])
+    shapes = [item.shape for item in lead_items if item.advanced]
+    try:
+        group = np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ValueError(
+            f"the index arrays have shapes {', '.join(map(str, shapes))}, which do not "
+            "broadcast together (as in numpy, index arrays of several axes are broadcast "
+            "against each other): give them shapes that broadcast, e.g. rows[:, None] and "
+            "columns[None, :] for every pair"
+        ) from None
     basic = [item.length(shape[item.axis] if item.axis >= 0 else 1) for item in lead_items]
     apart = ellipsis_at is not None and bool(adv) and adv[0] < ellipsis_at <= adv[-1]
     together = bool(adv) and adv[-1] - adv[0] + 1 == len(adv) and not apart

@@ -65,6 +65,18 @@ def check_buffer_alive(x: Any) -> None:
         )
 
 
+def check_arguments_alive(**arguments: Any) -> None:
+    """An index or updates array that was deleted (donated to an earlier call): refused
+    before anything runs, where JAX would fail inside the op's own jit."""
+    for name, value in arguments.items():
+        for leaf in jax.tree.leaves(value):
+            if _placement.is_concrete(leaf) and leaf.is_deleted():
+                raise ValueError(
+                    f"{name} holds an array that has been deleted (donated to an earlier "
+                    "call, or deleted); pass a live array, such as the one that call returned"
+                )
+
+
 def check_updates(updates: Any, target_shape: tuple[int, ...], x_dtype) -> None:
     """Shape and dtype of ``updates``; warns on a lossy cast as jnp's scatter does."""
     shape = np.shape(updates)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned import _placement, _rows, tuning
+from pallas_pinned import _placement, _rows, _validation, tuning
 
 __all__ = ["sort_indices"]
 
@@ -67,9 +67,19 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
         integer, or ``mode`` is not one of the above (``"wrap"``: take
         ``jnp.mod(indices, num_rows)`` first).
     """
+    _validation.check_arguments_alive(indices=indices)
     if isinstance(indices, list | tuple):  # As the ops take a list of positions.
-        indices = np.asarray(indices)
-    shape, dtype = jnp.shape(indices), jnp.result_type(indices)
+        try:
+            indices = np.asarray(indices)
+        except ValueError as err:  # numpy refuses ragged nesting.
+            raise ValueError(
+                f"sort_indices takes a flat list of ints, got a ragged one ({err})"
+            ) from None
+    if not hasattr(indices, "dtype"):
+        raise TypeError(
+            f"sort_indices takes a 1-D integer array or list, got {type(indices).__name__}"
+        )
+    shape, dtype = jnp.shape(indices), jnp.dtype(indices.dtype)
     if not jnp.issubdtype(dtype, jnp.integer):
         raise TypeError(f"sort_indices takes integer indices, got {dtype}")
     if len(shape) != 1:

@@ -15,6 +15,7 @@ import pytest
 import pallas_pinned as pp
 from pallas_pinned.gather import gather_from_host
 from pallas_pinned.scatter_add import scatter_add_to_host
+from pallas_pinned.testing import assert_same
 from tests.helpers import has_gpu, put, read
 
 X0 = np.arange(24, dtype=np.float32).reshape(8, 3) + 0.5
@@ -42,6 +43,10 @@ BAD_CALLS = {
     "ds that does not fit": (jax.ds(0, 9), 0.0, {}, ValueError, "does not fit"),
     "string index": ("a", 0.0, {}, TypeError, "str"),
     "zero slice step": (slice(0, 4, 0), 0.0, {}, ValueError, "step"),
+    "index arrays that do not broadcast": (
+        (np.array([0, 1, 2]), np.array([0, 1])), 0.0, {}, ValueError, "do not broadcast"
+    ),
+    "ragged updates": (jnp.array([1, 2]), [[1.0, 2.0, 3.0], [1.0]], {}, ValueError, "ragged"),
 }
 
 
@@ -277,6 +282,40 @@ def test_a_consumed_buffer_is_refused_up_front(x, op):
     assert x.is_deleted()
     with pytest.raises(ValueError, match="earlier call"):
         OPS[op](x, 1)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("deleted", ["indices", "updates"])
+def test_a_deleted_index_or_updates_array_is_refused_up_front(x, op, deleted):
+    i, u = jnp.array([1, 2]), jnp.ones((2, 3), jnp.float32)
+    (i if deleted == "indices" else u).delete()
+    call = {
+        "set": lambda: pp.scatter_to_host(x, i, u),
+        "add": lambda: pp.scatter_add_to_host(x, i, u),
+        "get": lambda: pp.gather_from_host(x, i),
+        "at.set": lambda: pp.at(x)[i].set(u),
+    }[op]
+    if op == "get" and deleted == "updates":
+        call()  # a read takes no updates
+    else:
+        with pytest.raises(ValueError, match=f"{deleted} holds an array that has been deleted"):
+            call()
+    assert not x.is_deleted()
+    assert_same(read(x), X0)
+
+
+def test_a_traced_promise_or_a_list_of_traced_ints_is_refused_by_name(x):
+    i = jnp.array([1, 2])
+    with pytest.raises(TypeError, match="unique_indices must be a Python bool"):
+        jax.jit(lambda x, t: pp.at(x)[i].add(1.0, unique_indices=t))(x, True)
+    with pytest.raises(TypeError, match="indices_are_sorted must be a Python bool"):
+        jax.jit(lambda x, t: pp.at(x)[i].get(indices_are_sorted=t))(x, True)
+    with pytest.raises(TypeError, match=r"jnp.stack"):
+        jax.jit(lambda x, s: pp.at(x)[[s, s + 1]].get())(x, 1)
+    with pytest.raises(TypeError):  # jnp refuses it too
+        jax.jit(lambda x, s: x[[s, s + 1]])(X0, 1)
+    assert not x.is_deleted()
+    assert_same(read(x), X0)
 
 
 def _int_buffer():

@@ -112,8 +112,18 @@ def test_a_step_sharing_one_order_gives_the_same_result(rng, backend, num_ids):
         (np.zeros(3, np.int32), 0, None, ValueError, "positive int"),
         (np.zeros(3, np.int32), 4.0, None, ValueError, "positive int"),
         (np.zeros(3, np.int32), 4, "wrap", ValueError, "jnp.mod"),
+        (["a", "b"], 4, None, TypeError, "integer indices"),
+        ([[1], [1, 2]], 4, None, ValueError, "ragged"),
+        (5, 4, None, TypeError, "1-D integer array or list"),
     ],
 )
 def test_sort_indices_refuses_what_it_cannot_order(indices, num_rows, mode, error, match):
     with pytest.raises(error, match=match):
         pp.sort_indices(indices, num_rows, mode=mode)
+
+
+def test_sort_indices_refuses_a_deleted_array_by_name():
+    ids = jnp.array([3, 1])
+    ids.delete()
+    with pytest.raises(ValueError, match="has been deleted"):
+        pp.sort_indices(ids, 4)
