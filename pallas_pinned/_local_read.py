@@ -228,7 +228,7 @@ def _rows_op(impl: str, ascending: bool, thresholds: tuning.Thresholds):
     return _guarded(read_fn, gather_rows_reference, _fold_rows)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # One per static index value: bounded, as _front's plans.
 def _block_op(call: ReadCall):
     def read_fn(x, operands, fill=None):
         fill = call.fill_value(x.dtype) if fill is None else fill

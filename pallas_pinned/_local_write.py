@@ -291,7 +291,7 @@ def with_write_rules(op: str, traced, updates_cotangent):
     return write_with_rules
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # One per static index value: bounded, as _front's plans.
 def _with_rules(call: WriteCall):
     return with_write_rules(
         call.op, functools.partial(write_traced, call=call), functools.partial(_updates_vjp, call)

@@ -141,7 +141,7 @@ def write_differentiable(x, operands, updates, cfg: WriteConfig):
     return _with_rules(cfg)(x, operands, updates)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # One per static index value: bounded, as _front's plans.
 def _with_rules(cfg: WriteConfig):
     """The write with the local write's rules: vmap refused, the gradient with respect
     to the updates for set and add, the others refused alike."""

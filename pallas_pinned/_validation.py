@@ -246,12 +246,17 @@ def default_fill(dtype) -> Any:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class StaticScalar:
-    """A fill value as a jit cache key: equal by type and repr, so NaN == NaN."""
+    """A fill value as a jit cache key: equal by type and bits, so NaN == NaN, and a NaN
+    of another sign or payload (or -0.0 and 0.0) is another key."""
 
     value: Any
 
     def _key(self):
-        return type(self.value), repr(self.value)
+        try:
+            bits = np.asarray(self.value).tobytes()
+        except (OverflowError, TypeError, ValueError):  # A Python int beyond int64.
+            bits = repr(self.value)
+        return type(self.value), bits
 
     def __eq__(self, other):
         return isinstance(other, StaticScalar) and self._key() == other._key()

@@ -115,6 +115,18 @@ def test_fill_values_are_kept_by_their_bits():
     assert len(_front._PLANS) == 5
 
 
+@pytest.mark.parametrize("index", ["rows", "block"])
+def test_a_nan_fill_keeps_its_sign_from_call_to_call(index):
+    # The compiled read is keyed on the fill value too: by its bits, so -nan after nan
+    # (whose reprs are equal) is another program, as in jnp.
+    x = put(X0)
+    out_of_range = jnp.array([99], jnp.int32) if index == "rows" else jnp.int32(99)
+    for fill in (float("nan"), -float("nan"), float("nan")):
+        got = pp.gather_from_host(x, out_of_range, mode="fill", fill_value=fill)
+        want = jnp.asarray(X0).at[out_of_range].get(mode="fill", fill_value=fill)
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), fill
+
+
 _FIRST_CALLS = """
 import logging, sys
 import jax, jax.numpy as jnp, numpy as np
