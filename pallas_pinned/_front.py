@@ -20,6 +20,7 @@ from pallas_pinned import (
     _local_write,
     _placement,
     _registry,
+    _rows,
     _sharded,
     _validation,
 )
@@ -137,15 +138,16 @@ def _check_static_flags(**flags: Any) -> None:
 
 
 def _negated(x: Any, updates: Any) -> Any:
-    """``.subtract``'s updates for ``add``: negated in the type ``x`` and they promote to,
-    where ``x - y`` and ``x + (-y)`` agree (negation is exact, and integers wrap alike), and
-    cast from there as add casts them. What is not numeric goes on unchanged, for add's
-    own refusal, and so does ``x`` itself."""
+    """``.subtract``'s updates for ``add``: cast to ``x``'s type as add casts them (with
+    jnp's warning where that can lose information), then negated there, where ``x - y``
+    and ``x + (-y)`` agree (negation is exact, and integers wrap alike). What is not
+    numeric goes on unchanged, for add's own refusal, and so does ``x`` itself."""
     dtype = getattr(x, "dtype", None)
     if dtype is not None and jnp.dtype(dtype) == jnp.bool_:
         raise TypeError(
-            f"subtract from a bool buffer (x has dtype {dtype}), which jnp's .subtract "
-            "refuses too; use .min (AND) with the complement of the updates"
+            f"subtract from a bool buffer (x has dtype {dtype}) is not provided: jnp refuses "
+            "bool updates there, and subtracts numeric ones in their promoted type before "
+            "casting back to bool; use .min (AND) with the complement of the updates"
         )
     if dtype is None or updates is x:
         return updates
@@ -155,7 +157,8 @@ def _negated(x: Any, updates: Any) -> Any:
         return updates
     if not (jnp.issubdtype(updates.dtype, jnp.number) or updates.dtype == jnp.bool_):
         return updates
-    return -updates.astype(jnp.result_type(dtype, updates))
+    _validation.warn_if_lossy(updates, dtype)
+    return -_rows.cast_updates(updates, dtype)
 
 
 def _import_pallas_before_tracing(backend: str) -> None:

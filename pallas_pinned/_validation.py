@@ -92,16 +92,23 @@ def check_updates(updates: Any, target_shape: tuple[int, ...], x_dtype) -> None:
             f"updates of shape {shape} cannot be broadcast to {tuple(target_shape)} "
             "(the shape of x.at[index].get())"
         )
-    # jnp's rule: a cast is safe when promoting the updates with the buffer's
-    # type gives the buffer's type (Python scalars are weakly typed).
+    warn_if_lossy(updates, x_dtype)
+
+
+def warn_if_lossy(updates: Any, x_dtype) -> None:
+    """jnp's warning where casting the updates to the buffer's type can lose information.
+
+    jnp's rule: a cast is safe when promoting the updates with the buffer's type gives
+    the buffer's type (Python scalars are weakly typed).
+    """
     if jnp.result_type(updates, x_dtype) != jnp.dtype(x_dtype):
         warnings.warn(
             f"updates of dtype {jnp.result_type(updates)} are cast to the buffer's dtype "
             f"{jnp.dtype(x_dtype)}, which can lose information (jnp's .at[] warns the same "
-            "way); they are cast before add, multiply, min or max combine them, where jnp "
-            "combines in the promoted type; cast them yourself to silence this",
+            "way); they are cast before add, subtract, multiply, min or max combine them, "
+            "where jnp combines in the promoted type; cast them yourself to silence this",
             FutureWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
@@ -206,7 +213,8 @@ def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.I
 
 
 def check_op_dtype(op: str, dtype) -> None:
-    """add and mul refuse a bool buffer, as jnp's ``.add`` does (OR is ``.max``)."""
+    """add and mul refuse a bool buffer (OR is ``.max``). jnp refuses bool updates there,
+    and combines numeric ones in their promoted type before casting back to bool."""
     if op in ("add", "mul") and jnp.dtype(dtype) == jnp.bool_:
         raise TypeError(
             f"{'scatter_add_to_host' if op == 'add' else 'scatter_mul_to_host'} does not "

@@ -169,6 +169,11 @@ def test_subtract_warns_where_jnp_does_and_refuses_bool():
     with pytest.warns(FutureWarning):
         x = at(x)[1].subtract(jnp.float32(2.0))
     assert_same(read(x)[1], np.array([-2, -2], np.int32))
+    # Cast first, then negated in the buffer's type, as add casts first: 2.0 is 2.
+    small = put(np.array([5, 6, 7], np.uint8))
+    with pytest.warns(FutureWarning):
+        small = at(small)[jnp.array([0, 1])].subtract(2.0)
+    assert_same(read(small), np.array([3, 4, 7], np.uint8))
     flags = put(np.zeros((4, 2), bool))
     with pytest.raises(TypeError, match="subtract from a bool buffer"):
         at(flags)[1].subtract(True)

@@ -210,7 +210,7 @@ def test_lossy_updates_are_cast_before_they_combine():
     # become an error), we cast the updates to x's dtype, then combine; jnp
     # combines in the promoted type. Cast first, and both agree.
     a = np.array([5, 7, 9], np.int32)
-    with pytest.warns(FutureWarning, match="cast before add, multiply, min or max"):
+    with pytest.warns(FutureWarning, match="cast before add, subtract, multiply, min or max"):
         ours = pp.at(put(a))[np.array([0, 1])].multiply(0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
