@@ -49,6 +49,17 @@ def _type_error(what: str) -> TypeError:
     return TypeError(f"indices must be integers, got {what}; supported: {SUPPORTED_FORMS}")
 
 
+def _readable_by_numpy(v: Any) -> Any:
+    """A jax scalar in a list of positions, as numpy can build an array of it: a sub-byte
+    type (int4) widened first. (jnp.asarray of such a list would compile a concatenate of
+    the sub-byte type, which aborts XLA's CPU compiler for uint2.)"""
+    if isinstance(v, jax.Array) and jnp.issubdtype(v.dtype, jnp.integer):
+        if jnp.iinfo(v.dtype).bits < 8:
+            signed = jnp.issubdtype(v.dtype, jnp.signedinteger)
+            return np.asarray(v).astype(np.int8 if signed else np.uint8)
+    return v
+
+
 def _as_array(a: Any, wrap_dim: int | None = None):
     """A list or array index as an integer array (numpy arrays narrowed, saturating;
     under ``mode="wrap"``, ``wrap_dim``, first taken modulo the axis, exactly)."""
@@ -63,7 +74,7 @@ def _as_array(a: Any, wrap_dim: int | None = None):
                     "(or jnp.array(...) of a nested list)"
                 )
             try:
-                a = np.asarray(a)
+                a = np.asarray(jax.tree.map(_readable_by_numpy, a))
             except ValueError as err:  # numpy refuses ragged nesting.
                 raise ValueError(
                     "indices is a ragged list (its sublists differ in length), which has no "

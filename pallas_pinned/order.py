@@ -70,7 +70,8 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
     _validation.check_arguments_alive(indices=indices)
     if isinstance(indices, list | tuple):  # As the ops take a list of positions.
         try:
-            indices = np.asarray(indices)
+            # An empty list has no dtype (numpy says float64); the ops take it as ints.
+            indices = np.asarray(indices) if len(indices) else np.zeros((0,), np.int32)
         except ValueError as err:  # numpy refuses ragged nesting.
             raise ValueError(
                 f"sort_indices takes a flat list of ints, got a ragged one ({err})"

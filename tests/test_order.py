@@ -122,6 +122,12 @@ def test_sort_indices_refuses_what_it_cannot_order(indices, num_rows, mode, erro
         pp.sort_indices(indices, num_rows, mode=mode)
 
 
+def test_sort_indices_takes_an_empty_list_as_the_ops_do():
+    ids_sorted, order = pp.sort_indices([], 4)
+    assert ids_sorted.shape == order.shape == (0,)
+    assert jnp.issubdtype(ids_sorted.dtype, jnp.integer)
+
+
 def test_sort_indices_refuses_a_deleted_array_by_name():
     ids = jnp.array([3, 1])
     ids.delete()
