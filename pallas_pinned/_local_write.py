@@ -230,6 +230,11 @@ def _grad_message(op_name: str, what: str) -> str:
 _JAX_JVP_REFUSALS = ("forward-mode autodiff (jvp) to a custom_vjp", "JVP with aliasing")
 
 
+# JAX's words when an eager shard_map meets a custom_vjp with symbolic zeros
+# (jax/_src/shard_map.py).
+_EAGER_SHARD_MAP_REFUSAL = "symbolic_zeros support with shard_map"
+
+
 @contextlib.contextmanager
 def naming_the_jvp_fix(op: str):
     """Turns JAX's refusal of ``jax.jvp`` (also ``jacfwd``, ``hessian``) through a write's
@@ -354,7 +359,16 @@ def write(x, operands, updates, call: WriteCall):
     if not isinstance(updates, jax.Array | jax.core.Tracer):
         updates = jnp.asarray(updates)  # custom_vjp wants arrays, not Python scalars.
     if isinstance(x, jax.core.Tracer):
-        return _with_rules(call)(x, *_replicated_like(x, operands, updates))
+        rules = _with_rules(call)
+        operands, updates = _replicated_like(x, operands, updates)
+        try:
+            return rules(x, operands, updates)
+        except NotImplementedError as error:
+            if _EAGER_SHARD_MAP_REFUSAL not in str(error):
+                raise
+            # A shard_map run eagerly (no jit around it) has no custom_vjp with symbolic
+            # zeros; under jit its body is traced as any other function.
+            return jax.jit(rules)(x, operands, updates)
     if call.plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write; the buffer stays as it is.
     x = _placement.fix_memory_space(x)
