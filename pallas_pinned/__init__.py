@@ -21,7 +21,7 @@ paths by; :mod:`pallas_pinned.testing` the specs and oracles of the tests and
 benchmarks.
 """
 
-from pallas_pinned import tuning
+from pallas_pinned import _registry, tuning
 from pallas_pinned._placement import fix_memory_space
 from pallas_pinned.at import at
 from pallas_pinned.gather import gather_from_host
@@ -47,3 +47,8 @@ __all__ = [
     "tuning",
 ]
 __version__ = "0.1.0"
+
+# Pallas defines configuration options as it first imports, and JAX keys its trace caches
+# on them: imported inside a trace (the first op, or a user's jit around it), it made that
+# function compile again on its second call. So it is imported here, where it imports at all.
+_registry.pallas_triton_importable()

@@ -19,7 +19,6 @@ from pallas_pinned import (
     _local_read,
     _local_write,
     _placement,
-    _registry,
     _rows,
     _sharded,
     _validation,
@@ -116,7 +115,6 @@ def write(
     updates = _as_updates(updates, getattr(x, "dtype", None))
     if op == "sub":
         op, updates = "add", _negated(x, updates)
-    _import_pallas_before_tracing(backend)
     with _local_write.naming_the_jvp_fix(op):
         if _sharded.is_sharded_buffer(x):
             return _sharded.write(op, x, index, updates, **settings)
@@ -161,15 +159,6 @@ def _negated(x: Any, updates: Any) -> Any:
     return -_rows.cast_updates(updates, dtype)
 
 
-def _import_pallas_before_tracing(backend: str) -> None:
-    """Imports Pallas, where a path may use it, before the first trace would. Pallas adds
-    configuration options when it first imports, and JAX keys its trace caches on them:
-    a process's first call, which imported Pallas while tracing, was compiled twice (again
-    on its second call)."""
-    if backend != "xla":
-        _registry.pallas_triton_importable()
-
-
 def _as_updates(updates: Any, x_dtype) -> Any:
     """Updates as jnp's ``.at[]`` takes them: a list becomes an array, and a Python int
     too large for the default int type (2**32 - 1 into uint32) one of ``x``'s type."""
@@ -207,7 +196,6 @@ def read(
     """``x.at[index].get(mode=mode, fill_value=fill_value)``, into device memory."""
     _check_static_flags(unique_indices=unique_indices, indices_are_sorted=indices_are_sorted)
     _validation.check_arguments_alive(indices=index)
-    _import_pallas_before_tracing(backend)
     if _sharded.is_sharded_buffer(x):
         return _sharded.gather(
             x, index, mode=mode, fill_value=fill_value, indices_are_sorted=indices_are_sorted,

@@ -147,25 +147,39 @@ pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned
 x = jax.device_put(np.zeros((64, 4), np.float32), pinned)
 i, y = jnp.array([1, 3]), jnp.ones((2, 4))
 jax.block_until_ready((x, i, y))
+
+
+@jax.jit
+def step(x, i, y):  # A user's jit around the ops.
+    x = pp.at(x)[i].add(y, backend=sys.argv[1])
+    return x, pp.at(x)[i].get(backend=sys.argv[1])
+
+
 for call in range(3):
     compiled.clear()
-    x = pp.at(x)[i].add(y, backend=sys.argv[1])
-    rows = pp.at(x)[i].get(backend=sys.argv[1])
+    if sys.argv[2] == "eager":
+        x = pp.at(x)[i].add(y, backend=sys.argv[1])
+        rows = pp.at(x)[i].get(backend=sys.argv[1])
+    else:
+        x, rows = step(x, i, y)
     print(call, compiled)
 assert np.asarray(rows).tolist() == [[3.0] * 4] * 2
 """
 
 
+@pytest.mark.parametrize("where", ["eager", "in a jit"])
 @pytest.mark.parametrize("backend", ["auto", "xla"])
-def test_a_process_compiles_its_first_call_once(backend):
+def test_a_process_compiles_its_first_call_once(backend, where):
     # Pallas adds configuration options when it first imports, and JAX keys its trace
-    # caches on them: a first call that imported it while tracing compiled again on the
-    # second call. A fresh process, so that nothing has imported Pallas yet.
+    # caches on them: a first call that imported it while tracing (the op's own, or a
+    # user's jit around it) compiled again on the second call. A fresh process, so that
+    # nothing but pallas_pinned's own import has imported Pallas.
     done = subprocess.run(
-        [sys.executable, "-c", _FIRST_CALLS, backend], capture_output=True, text=True,
-        timeout=300,
+        [sys.executable, "-c", _FIRST_CALLS, backend, where.split()[0]], capture_output=True,
+        text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
-    assert lines[0].startswith("0 [") and "jit(run)" in lines[0], lines
+    first = "jit(run)" if where == "eager" else "jit(step)"
+    assert lines[0].startswith("0 [") and first in lines[0], lines
     assert lines[1:] == ["1 []", "2 []"], lines

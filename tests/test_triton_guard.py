@@ -83,18 +83,17 @@ def test_import_without_triton_names_the_extra(monkeypatch, name):
         _fresh_import(monkeypatch, name)
 
 
-# Imports triton_common without jax-triton, then with it, in one fresh process
-# (other tests import Pallas here); prints the Pallas modules loaded each time.
-_IMPORTED_PALLAS = """
+# With Pallas's Triton backend gone (a None entry makes its import fail), imports
+# triton_common without jax-triton, then with it, in one fresh process; prints what it
+# offers each time.
+_WITHOUT_PALLAS_TRITON = """
 import importlib, json, sys
-def pallas():
-    return sorted(m for m in sys.modules if m.startswith("jax.experimental.pallas"))
+sys.modules["jax.experimental.pallas.triton"] = None
 sys.modules["jax_triton"] = None
-importlib.import_module("pallas_pinned.kernels.triton_common")
-without = pallas()
+without = importlib.import_module("pallas_pinned.kernels.triton_common").INSTALLED_SERIES
 del sys.modules["jax_triton"], sys.modules["pallas_pinned.kernels.triton_common"]
-importlib.import_module("pallas_pinned.kernels.triton_common")
-print(json.dumps([without, pallas()]))
+common = importlib.import_module("pallas_pinned.kernels.triton_common")
+print(json.dumps([without, common.INSTALLED_SERIES, callable(common.check_can_launch)]))
 """
 
 
@@ -106,15 +105,16 @@ def test_tiling_needs_no_triton(monkeypatch):
 
 
 @needs_triton
-def test_triton_common_never_imports_pallas():
-    # The backend must work when Pallas's Triton backend is gone. Without
-    # jax-triton nothing of Pallas loads; jax-triton 0.3.1 itself imports
-    # jax.experimental.pallas (for cdiv), never its Triton backend.
-    done = subprocess.run([sys.executable, "-c", _IMPORTED_PALLAS], capture_output=True, text=True)
+def test_triton_common_needs_no_pallas_triton():
+    # The raw Triton backend must work when Pallas's Triton backend is gone: triton_common
+    # imports with it blocked, without jax-triton and with it. (The package itself imports
+    # Pallas where it can, before any trace: pallas_pinned/__init__.py says why.)
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_PALLAS_TRITON], capture_output=True,
+                          text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    without, with_jax_triton = json.loads(done.stdout.strip().splitlines()[-1])
-    assert without == [], without
-    assert "jax.experimental.pallas.triton" not in with_jax_triton, with_jax_triton
+    # (jax-triton 0.3.1 refuses a CPU-only jaxlib at import: no series there either.)
+    without, _series, can_check = json.loads(done.stdout.strip().splitlines()[-1])
+    assert without is None and can_check, done.stdout
 
 
 @needs_triton
