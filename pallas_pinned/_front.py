@@ -8,7 +8,6 @@ kernels; nothing below calls back up.
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import jax
@@ -214,9 +213,9 @@ def _checked_read(x, index, *, mode, fill_value, backend):
     """``check_read``'s plan and operands and the fill value, from the kept plans if it passed."""
     key = None
     if isinstance(fill_value, int | float | None):
-        # A float by its bits: -0.0 equals 0.0 and a NaN equals nothing, as dict keys.
-        bits = struct.pack("<d", fill_value) if isinstance(fill_value, float) else fill_value
-        key = _signature("read", mode, backend, type(fill_value), bits, arrays=(x, index))
+        # By its bits: as dict keys, -0.0 equals 0.0 and a NaN equals nothing.
+        fill = _validation.scalar_key(fill_value)
+        key = _signature("read", mode, backend, *fill, arrays=(x, index))
 
     def check():
         plan, operands = _validation.check_read(x, index, mode=mode, backend=backend)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 import warnings
 from typing import Any
 
@@ -252,6 +253,14 @@ def default_fill(dtype) -> Any:
     return True  # bool
 
 
+def scalar_key(value: Any) -> tuple:
+    """A static Python scalar as a cache key: a float by its bits (a NaN equals a NaN of
+    the same bits, -0.0 is not 0.0), anything else by type and value (numpy's bytes would
+    make -1 and 2**64 - 1 one key)."""
+    bits = struct.pack("<d", value) if isinstance(value, float) else value
+    return type(value), bits
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class StaticScalar:
     """A fill value as a jit cache key: equal by type and bits, so NaN == NaN, and a NaN
@@ -260,11 +269,7 @@ class StaticScalar:
     value: Any
 
     def _key(self):
-        try:
-            bits = np.asarray(self.value).tobytes()
-        except (OverflowError, TypeError, ValueError):  # A Python int beyond int64.
-            bits = repr(self.value)
-        return type(self.value), bits
+        return scalar_key(self.value)
 
     def __eq__(self, other):
         return isinstance(other, StaticScalar) and self._key() == other._key()

@@ -116,12 +116,14 @@ def test_fill_values_are_kept_by_their_bits():
 
 
 @pytest.mark.parametrize("index", ["rows", "block"])
-def test_a_nan_fill_keeps_its_sign_from_call_to_call(index):
-    # The compiled read is keyed on the fill value too: by its bits, so -nan after nan
-    # (whose reprs are equal) is another program, as in jnp.
+def test_each_fill_value_keeps_its_own_read_from_call_to_call(index):
+    # The compiled read is keyed on the fill value too: a float by its bits, so -nan after
+    # nan (whose reprs are equal) is another program, and an int by its value, so 2**64 - 1
+    # after -1 (whose numpy bytes are equal) is too.
     x = put(X0)
     out_of_range = jnp.array([99], jnp.int32) if index == "rows" else jnp.int32(99)
-    for fill in (float("nan"), -float("nan"), float("nan")):
+    fills = (float("nan"), -float("nan"), float("nan"), -1, 2**64 - 1, 2**63, -(2**63))
+    for fill in fills:
         got = pp.gather_from_host(x, out_of_range, mode="fill", fill_value=fill)
         want = jnp.asarray(X0).at[out_of_range].get(mode="fill", fill_value=fill)
         assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), fill
