@@ -129,7 +129,7 @@ def _check_static_flags(**flags: Any) -> None:
     for name, value in flags.items():
         if isinstance(value, jax.core.Tracer):
             raise TypeError(
-                f"{name} must be a Python bool known while tracing (it chooses the plan), "
+                f"{name} must be a Python bool known while tracing (a static setting), "
                 f"got a traced value {value!r}; pass it as a static argument of your jit"
             )
 
@@ -144,7 +144,8 @@ def _negated(x: Any, updates: Any) -> Any:
         raise TypeError(
             f"subtract from a bool buffer (x has dtype {dtype}) is not provided: jnp refuses "
             "bool updates there, and subtracts numeric ones in their promoted type before "
-            "casting back to bool; use .min (AND) with the complement of the updates"
+            "casting back to bool. For x AND NOT y use .min(~y); for jnp's numeric result "
+            "store the flags as uint8"
         )
     if dtype is None or updates is x:
         return updates

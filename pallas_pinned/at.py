@@ -49,9 +49,9 @@ class _IndexedBuffer:
         return self._write("add", values, **kwargs)
 
     def subtract(self, values: Any, **kwargs: Any) -> jax.Array:
-        """jnp's ``.subtract``: ``.add`` of the updates negated in the type ``x`` and they
-        promote to (the same values; a NaN result can differ in sign from jnp's, and
-        refusals name scatter_add_to_host)."""
+        """jnp's ``.subtract``: ``.add`` of the updates cast to ``x``'s type (as add casts
+        them) and negated there: jnp's values where that cast is lossless (a NaN result
+        can differ in sign from jnp's on the CPU; refusals name scatter_add_to_host)."""
         return self._write("sub", values, **kwargs)
 
     def min(self, values: Any, **kwargs: Any) -> jax.Array:
