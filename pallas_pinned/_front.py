@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_pinned import (
+    _index_parse,
     _local_read,
     _local_write,
     _placement,
@@ -163,13 +164,7 @@ def _as_updates(updates: Any, x_dtype) -> Any:
     """Updates as jnp's ``.at[]`` takes them: a list becomes an array, and a Python int
     too large for the default int type (2**32 - 1 into uint32) one of ``x``'s type."""
     if isinstance(updates, list | tuple):
-        try:
-            return jnp.asarray(updates)
-        except ValueError as err:  # numpy refuses ragged nesting.
-            raise ValueError(
-                "updates is a ragged list (its sublists differ in length), which has no "
-                f"array shape; pass an array or a rectangular nesting ({err})"
-            ) from None
+        return _index_parse.list_as_array(updates, "updates", build=jnp.asarray)
     if (
         type(updates) is int and x_dtype is not None and jnp.issubdtype(x_dtype, jnp.integer)
         and not _fits(updates, jnp.int_) and _fits(updates, x_dtype)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_pinned._index import IndexPlan, Item, wrapped
-from pallas_pinned._rows import index_dtype, to_wide_numpy
+from pallas_pinned._rows import index_dtype, to_wide_numpy, without_sub_byte
 
 __all__ = ["MASK_ADVICE", "SUPPORTED_FORMS", "parse"]
 
@@ -49,44 +49,44 @@ def _type_error(what: str) -> TypeError:
     return TypeError(f"indices must be integers, got {what}; supported: {SUPPORTED_FORMS}")
 
 
-def _readable_by_numpy(v: Any) -> Any:
-    """A jax scalar in a list of positions, as numpy can build an array of it: a sub-byte
-    type (int4) widened first. (jnp.asarray of such a list would compile a concatenate of
-    the sub-byte type, which aborts XLA's CPU compiler for uint2.)"""
-    if isinstance(v, jax.Array) and jnp.issubdtype(v.dtype, jnp.integer):
-        if jnp.iinfo(v.dtype).bits < 8:
-            signed = jnp.issubdtype(v.dtype, jnp.signedinteger)
-            return np.asarray(v).astype(np.int8 if signed else np.uint8)
-    return v
+def list_as_array(values: list | tuple, name: str, build=np.asarray):
+    """A (nested) list as an array, a ragged nesting refused by name."""
+    try:
+        return build(values)
+    except ValueError as err:  # numpy refuses ragged nesting.
+        raise ValueError(
+            f"{name} is a ragged list (its sublists differ in length), which has no array "
+            f"shape; pass an array or a rectangular nesting ({err})"
+        ) from None
+
+
+def positions_array(values: list | tuple) -> np.ndarray:
+    """A list of positions as a numpy array: an empty one of ints (numpy says float64), a
+    list of traced values refused, jax scalars of sub-byte types widened first (stacking
+    them in jax would compile a concatenate of that type, which aborts XLA's CPU compiler
+    for uint2)."""
+    if not values:
+        return np.zeros((0,), np.int64)
+    if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values)):
+        raise TypeError(
+            "indices is a list holding traced values, which has no array form while "
+            "tracing; pass one array instead: jnp.stack([...]) of the values (or "
+            "jnp.array(...) of a nested list)"
+        )
+    return list_as_array(jax.tree.map(without_sub_byte, values), "indices")
 
 
 def _as_array(a: Any, wrap_dim: int | None = None):
     """A list or array index as an integer array (numpy arrays narrowed, saturating;
     under ``mode="wrap"``, ``wrap_dim``, first taken modulo the axis, exactly)."""
     if isinstance(a, list):
-        if not a:
-            a = np.zeros((0,), np.int64)  # An empty list has no dtype; numpy says float64.
-        else:
-            if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(a)):
-                raise TypeError(
-                    "indices is a list holding traced values, which has no array form "
-                    "while tracing; pass one array instead: jnp.stack([...]) of the values "
-                    "(or jnp.array(...) of a nested list)"
-                )
-            try:
-                a = np.asarray(jax.tree.map(_readable_by_numpy, a))
-            except ValueError as err:  # numpy refuses ragged nesting.
-                raise ValueError(
-                    "indices is a ragged list (its sublists differ in length), which has no "
-                    f"array shape; pass a flat list or a rectangular nesting of ints ({err})"
-                ) from None
+        a = positions_array(a)
     dtype = jnp.dtype(a.dtype)
     if dtype == jnp.bool_:
         raise TypeError(f"indices has dtype bool (shape {a.shape}); {MASK_ADVICE}")
     if not jnp.issubdtype(dtype, jnp.integer):
         raise _type_error(f"an array of dtype {dtype} (shape {a.shape})")
-    if jnp.iinfo(dtype).bits < 8:  # int4 and kin, which numpy's integer tools do not know.
-        a = a.astype(np.int8 if jnp.issubdtype(dtype, jnp.signedinteger) else np.uint8)
+    a = without_sub_byte(a)
     if isinstance(a, np.ndarray):
         if wrap_dim:  # Exact, before the narrowing below could clamp the index.
             a = wrapped(a, wrap_dim, np.int64, xp=np)

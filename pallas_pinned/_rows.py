@@ -8,6 +8,8 @@ index type holds), which every kernel masks and every XLA path drops.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,6 +46,15 @@ def cast_updates(updates, dtype):
 def index_dtype():
     """The widest integer type jax computes with right now (x64 or not)."""
     return jnp.dtype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+
+
+def without_sub_byte(a: Any) -> Any:
+    """An integer array (or jax scalar) of a sub-byte type (int4 and kin) as int8 or uint8,
+    which numpy's integer tools and its array building know; anything else as it is."""
+    dtype = getattr(a, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jnp.integer) and jnp.iinfo(dtype).bits < 8:
+        return a.astype(np.int8 if jnp.issubdtype(dtype, jnp.signedinteger) else np.uint8)
+    return a
 
 
 def to_wide_numpy(rows: np.ndarray, wide) -> np.ndarray:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned import _placement, _rows, _validation, tuning
+from pallas_pinned import _index_parse, _placement, _rows, _validation, tuning
 
 __all__ = ["sort_indices"]
 
@@ -62,20 +62,15 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
       normalized[order]``. Permute per-entry data with ``data[order]``.
 
     Raises:
-      TypeError: ``indices`` are not integers.
-      ValueError: ``indices`` are not 1-D, ``num_rows`` is not a positive
-        integer, or ``mode`` is not one of the above (``"wrap"``: take
-        ``jnp.mod(indices, num_rows)`` first).
+      TypeError: ``indices`` are not integers, not an array or list, or a list
+        holding traced values.
+      ValueError: ``indices`` are not 1-D, a ragged list, or a deleted array;
+        ``num_rows`` is not a positive integer, or ``mode`` is not one of the
+        above (``"wrap"``: take ``jnp.mod(indices, num_rows)`` first).
     """
     _validation.check_arguments_alive(indices=indices)
     if isinstance(indices, list | tuple):  # As the ops take a list of positions.
-        try:
-            # An empty list has no dtype (numpy says float64); the ops take it as ints.
-            indices = np.asarray(indices) if len(indices) else np.zeros((0,), np.int32)
-        except ValueError as err:  # numpy refuses ragged nesting.
-            raise ValueError(
-                f"sort_indices takes a flat list of ints, got a ragged one ({err})"
-            ) from None
+        indices = _index_parse.positions_array(indices)
     if not hasattr(indices, "dtype"):
         raise TypeError(
             f"sort_indices takes a 1-D integer array or list, got {type(indices).__name__}"
