@@ -359,3 +359,40 @@ def test_the_ops_inside_a_users_shard_map_give_jnps_result(backend, check_vma, j
     assert got[0].sharding.memory_kind == ("pinned_host" if jitted else "device")
     for mine, jnps in zip(got, want, strict=True):
         assert np.asarray(mine).tobytes() == np.asarray(jnps).tobytes()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("jitted", [True, False], ids=["jit", "eager"])
+@pytest.mark.parametrize("backend", ["auto", "pallas"])
+def test_gpu_the_kernels_inside_a_users_shard_map_with_check_vma(backend, jitted):
+    # The same on the GPU's one-device mesh: the Pallas kernel's output type names the
+    # mesh axes it varies along (shard_map's default check_vma), eagerly and under jit.
+    mesh = jax.make_mesh((1,), ("data",))
+    rng = np.random.default_rng(5)
+    x0 = rng.standard_normal((4096, 16)).astype(np.float32)
+    ids = jnp.asarray(rng.integers(-4096, 4096, 300).astype(np.int32))
+    u = jnp.asarray(rng.standard_normal((300, 16)).astype(np.float32))
+    # Distinct rows for the set: jnp's winner among duplicates is unspecified on a GPU.
+    distinct = jnp.asarray(rng.permutation(4096)[:50].astype(np.int32))
+
+    def ours(x, ids, u):
+        x = pp.at(x)[ids].add(u, backend=backend)
+        x = pp.at(x)[distinct].set(u[:50], backend=backend)
+        return x, pp.at(x)[ids].get(backend=backend)[None]
+
+    def theirs(x, ids, u):
+        x = x.at[ids].add(u).at[distinct].set(u[:50])
+        return x, x[ids][None]
+
+    specs = dict(mesh=mesh, in_specs=(P("data"), P(), P()), out_specs=(P("data"), P("data")))
+    want = jax.jit(jax.shard_map(theirs, **specs))(
+        jax.device_put(x0, NamedSharding(mesh, P("data"))), ids, u
+    )
+    x = jax.device_put(x0, NamedSharding(mesh, P("data"), memory_kind="pinned_host"))
+    step = jax.shard_map(ours, **specs)
+    got = jax.jit(step, donate_argnums=0)(x, ids, u) if jitted else step(x, ids, u)
+    if jitted:
+        assert got[0].sharding.memory_kind == "pinned_host"
+    # Duplicate ids: the kernels sum them in another order than jnp (the README's rule).
+    for mine, jnps in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(mine), np.asarray(jnps), rtol=1e-5, atol=1e-5)
