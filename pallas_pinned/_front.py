@@ -126,7 +126,8 @@ def write(
 
 
 def _check_static_flags(**flags: Any) -> None:
-    """The promises choose the plan, so a trace must know them."""
+    """The promises are static settings (a write's plan depends on them), so a trace
+    must know them."""
     for name, value in flags.items():
         if isinstance(value, jax.core.Tracer):
             raise TypeError(
