@@ -61,19 +61,23 @@ def list_as_array(values: list | tuple, name: str, build=np.asarray):
 
 
 def positions_array(values: list | tuple) -> np.ndarray:
-    """A list of positions as a numpy array: an empty one of ints (numpy says float64), a
-    list of traced values refused, jax scalars of sub-byte types widened first (stacking
-    them in jax would compile a concatenate of that type, which aborts XLA's CPU compiler
-    for uint2)."""
-    if not values:
-        return np.zeros((0,), np.int64)
+    """A list of positions as a numpy array: an empty one (``[]``, ``[[]]``) of ints (numpy
+    says float64), a list of traced values refused, jax scalars read by numpy one by one,
+    sub-byte types widened first (numpy cannot build an array of jax int4 scalars, and
+    stacking uint2 ones in jax aborts XLA's CPU compiler)."""
     if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values)):
         raise TypeError(
             "indices is a list holding traced values, which has no array form while "
             "tracing; pass one array instead: jnp.stack([...]) of the values (or "
             "jnp.array(...) of a nested list)"
         )
-    return list_as_array(jax.tree.map(without_sub_byte, values), "indices")
+    array = list_as_array(jax.tree.map(_numpy_scalar, values), "indices")
+    return array.astype(np.int64) if array.size == 0 and array.dtype.kind == "f" else array
+
+
+def _numpy_scalar(v: Any) -> Any:
+    # Read on the host even under a trace (a jax op would make it a tracer there).
+    return without_sub_byte(np.asarray(v)) if isinstance(v, jax.Array) else v
 
 
 def _as_array(a: Any, wrap_dim: int | None = None):

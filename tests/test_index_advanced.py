@@ -193,7 +193,10 @@ import pallas_pinned
 pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
 for scalars in ([jnp.int4(1), jnp.int4(-2)], [jnp.uint2(1), jnp.uint2(3)], [jnp.int32(2)]):
     want = jnp.arange(8.0)[np.array([int(v) for v in scalars])]
-    got = pallas_pinned.at(jax.device_put(np.arange(8.0), pinned))[scalars].get()
+    x = jax.device_put(np.arange(8.0), pinned)
+    got = pallas_pinned.at(x)[scalars].get()
+    assert np.asarray(got).tolist() == np.asarray(want).tolist(), (scalars, got, want)
+    got = jax.jit(lambda x: pallas_pinned.at(x)[scalars].get())(x)  # concrete in a trace
     assert np.asarray(got).tolist() == np.asarray(want).tolist(), (scalars, got, want)
 print("ok")
 """
@@ -208,6 +211,16 @@ def test_a_list_of_jax_scalars_of_sub_byte_types_indexes_at_their_values():
     done = subprocess.run([sys.executable, "-c", _LIST_OF_JAX_SCALARS], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("empty", [[], [[]], [[], []]], ids=["[]", "[[]]", "[[], []]"])
+def test_an_empty_nested_list_is_an_empty_index_as_in_jnp(rng, empty):
+    a = buffer_values(rng, (6, 5), np.float32)
+    want = jnp.asarray(a).at[np.zeros(np.shape(empty), np.int32)].get()
+    got = pallas_pinned.at(pinned(a))[empty].get()
+    assert got.shape == want.shape == np.shape(empty) + (5,)
+    out = pallas_pinned.at(pinned(a))[empty].set(1.0)
+    np.testing.assert_array_equal(np.asarray(out), a)
 
 
 def test_traced_int_scalars_under_jit(rng):
