@@ -75,7 +75,7 @@ def _kept_or_checked(key: tuple | None, index: Any, check) -> tuple[Any, tuple, 
 
 def _recheck(x, backend: str, plan) -> None:
     """What a kept signature still checks on every call."""
-    _validation.check_buffer_alive(x)
+    _placement.check_buffer_alive(x)
     # Whether a kernel family can run is the registry's answer now, not when kept.
     _validation.check_kernel_backend(x, backend, plan)
 

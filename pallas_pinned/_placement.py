@@ -45,6 +45,13 @@ def is_concrete(a: Any) -> bool:
     return isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
 
 
+def check_buffer_alive(x: Any) -> None:
+    if is_concrete(x) and x.is_deleted():
+        raise ValueError(
+            "x has been deleted (donated to an earlier call); use the array that call returned"
+        )
+
+
 def on_host(a: Any) -> bool:
     """Whether ``a`` lives in pinned host memory (by its sharding when concrete)."""
     if is_concrete(a):
@@ -194,10 +201,7 @@ def fix_memory_space(x: jax.Array) -> jax.Array:
             f"fix_memory_space takes a jax.Array, got {type(x).__name__}; place it in "
             "pinned host memory first with jax.device_put"
         )
-    if x.is_deleted():
-        raise ValueError(
-            "x has been deleted (donated to an earlier call); use the array that call returned"
-        )
+    check_buffer_alive(x)
     kind = x.sharding.memory_kind
     if kind != "pinned_host" or jax.typeof(x).memory_space == _HOST:
         return x

@@ -53,17 +53,10 @@ def check_buffer(x: Any) -> None:
             f"x must be a jax.Array (the buffer), got {type(x).__name__}; "
             "place it with jax.device_put(x, sharding) first"
         )
-    check_buffer_alive(x)
+    _placement.check_buffer_alive(x)
     if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
         names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
         raise TypeError(f"unsupported dtype {x.dtype} for x; supported: {names}")
-
-
-def check_buffer_alive(x: Any) -> None:
-    if _placement.is_concrete(x) and x.is_deleted():
-        raise ValueError(
-            "x has been deleted (donated to an earlier call); use the array that call returned"
-        )
 
 
 def check_arguments_alive(**arguments: Any) -> None:
