@@ -65,17 +65,17 @@ def positions_array(values: list | tuple) -> np.ndarray:
     says float64), a list of traced values refused, jax scalars read by numpy one by one,
     sub-byte types widened first (numpy cannot build an array of jax int4 scalars, and
     stacking uint2 ones in jax aborts XLA's CPU compiler)."""
-    if any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values)):
-        raise TypeError(
-            "indices is a list holding traced values, which has no array form while "
-            "tracing; pass one array instead: jnp.stack([...]) of the values (or "
-            "jnp.array(...) of a nested list)"
-        )
     array = list_as_array(jax.tree.map(_numpy_scalar, values), "indices")
     return array.astype(np.int64) if array.size == 0 and array.dtype.kind == "f" else array
 
 
 def _numpy_scalar(v: Any) -> Any:
+    if isinstance(v, jax.core.Tracer):
+        raise TypeError(
+            "indices is a list holding traced values, which has no array form while "
+            "tracing; pass one array instead: jnp.stack([...]) of the values (or "
+            "jnp.array(...) of a nested list)"
+        )
     # Read on the host even under a trace (a jax op would make it a tracer there).
     return without_sub_byte(np.asarray(v)) if isinstance(v, jax.Array) else v
 
