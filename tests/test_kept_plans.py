@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -185,3 +186,23 @@ def test_a_process_compiles_its_first_call_once(backend, where):
     first = "jit(run)" if where == "eager" else "jit(step)"
     assert lines[0].startswith("0 [") and first in lines[0], lines
     assert lines[1:] == ["1 []", "2 []"], lines
+
+
+def test_a_jax_scalar_position_compiles_once_where_a_python_int_compiles_per_value(caplog):
+    # The README's way around the static index's compile per value, outside jit.
+    x = put(np.zeros((64, 2), np.float32))
+    y = jnp.ones(2, jnp.float32)
+
+    def compiles_over(positions):
+        nonlocal x
+        caplog.clear()
+        with jax.log_compiles(True), caplog.at_level("WARNING", logger="jax"):
+            for k in positions:
+                x = pp.at(x)[k].set(y)
+        return sum(r.getMessage().startswith("Finished XLA compilation of jit(run)")
+                   for r in caplog.records)
+
+    compiles_over([jnp.int32(40)])  # the first call of the signature compiles
+    assert compiles_over([jnp.int32(k) for k in (41, 42, 43)]) == 0
+    assert compiles_over([51, 52, 53]) == 3
+    assert np.asarray(x)[[40, 41, 42, 43, 51, 52, 53]].tolist() == [[1.0, 1.0]] * 7
