@@ -181,10 +181,17 @@ def test_index_dtypes(rng, dtype):
         assert_matches(got, jnp_call(a, (rows.astype(np.int32), S(1, 5, 2)), method, v),
                        f"{method} {jnp.dtype(dtype).name}")
         if jnp.iinfo(dtype).bits < 8:
+            want = jnp_call(a, (rows.astype(np.int32), S(1, 5, 2)), method, v)
             ref = pallas_pinned.at(pinned(a))[(jnp.asarray(rows), S(1, 5, 2))]
             got = ref.get() if v is None else getattr(ref, method)(v)
-            assert_matches(got, jnp_call(a, (rows.astype(np.int32), S(1, 5, 2)), method, v),
-                           f"{method} jax {jnp.dtype(dtype).name}")
+            assert_matches(got, want, f"{method} jax {jnp.dtype(dtype).name}")
+
+            def jitted(x, r, m=method, v=v):  # the sub-byte index traced
+                ref = pallas_pinned.at(x)[(r, S(1, 5, 2))]
+                return ref.get() if v is None else getattr(ref, m)(v)
+
+            got = jax.jit(jitted)(pinned(a), jnp.asarray(rows))
+            assert_matches(got, want, f"{method} jax {jnp.dtype(dtype).name} under jit")
 
 
 _LIST_OF_JAX_SCALARS = """
@@ -219,7 +226,11 @@ def test_an_empty_nested_list_is_an_empty_index_as_in_jnp(rng, empty):
     want = jnp.asarray(a).at[np.zeros(np.shape(empty), np.int32)].get()
     got = pallas_pinned.at(pinned(a))[empty].get()
     assert got.shape == want.shape == np.shape(empty) + (5,)
+    got = jax.jit(lambda x: pallas_pinned.at(x)[empty].get())(pinned(a))
+    assert got.shape == want.shape
     out = pallas_pinned.at(pinned(a))[empty].set(1.0)
+    np.testing.assert_array_equal(np.asarray(out), a)
+    out = jax.jit(lambda x: pallas_pinned.at(x)[empty].set(1.0))(pinned(a))
     np.testing.assert_array_equal(np.asarray(out), a)
 
 
