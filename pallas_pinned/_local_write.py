@@ -206,23 +206,30 @@ def _vmap_message(op_name: str) -> str:
     )
 
 
-def _grad_message(op_name: str, what: str) -> str:
+def _grad_message(op: str, what: str) -> str:
+    op_name = OP_NAMES[op]
     if what == "x":
         return (
             f"{op_name} is not differentiable with respect to the buffer x: its cotangent "
             "would be a second buffer of x's full size. Differentiate with respect to updates "
-            "only. If x comes from an earlier write of differentiated updates, make the two "
-            "one call (concatenate their indices and their updates; for set, later entries "
-            "win) or keep the differentiated rows on the device and write them once; "
-            "jax.lax.stop_gradient(x) would drop the earlier updates' gradient. Wrap x in it "
-            "where no gradient should flow through the buffer"
+            "only. If x comes from an earlier write of differentiated updates (in the same "
+            "function, or in an earlier step of a lax.scan or fori_loop that carries the "
+            "buffer), make the two one call: concatenate their indices and their updates "
+            "(for set, later entries win); in a loop, collect the differentiated rows on the "
+            "device and write them once after it. jax.lax.stop_gradient(x) would drop the "
+            "earlier updates' gradient. Wrap x in it where no gradient should flow through "
+            "the buffer"
         )
     return (
         f"{op_name} is not differentiable with respect to updates (only set and add are). "
-        "Compute the differentiated values on the device, e.g. new = jnp.minimum(old, u) with "
+        f"Compute the differentiated values on the device, e.g. new = {_DEVICE_COMBINES[op]} with "
         "old = pallas_pinned.gather_from_host(x, i), and write them with scatter_to_host "
         "outside the differentiated function"
     )
+
+
+# The device-side formula for each refused op's new rows, for its gradient refusal.
+_DEVICE_COMBINES = {"min": "jnp.minimum(old, u)", "max": "jnp.maximum(old, u)", "mul": "old * u"}
 
 
 # JAX's own words when forward mode meets a write: its custom_vjp (jax/_src/interpreters/
@@ -260,9 +267,9 @@ def _refuse_gradients(op: str, x, updates) -> None:
     set and add. ``x`` and ``updates`` are ``custom_vjp``'s symbolic-zero primals, each
     saying whether it is differentiated, so the refusal comes while tracing."""
     if x.perturbed:
-        raise TypeError(_grad_message(OP_NAMES[op], "x"))
+        raise TypeError(_grad_message(op, "x"))
     if updates.perturbed and op not in ("set", "add"):
-        raise TypeError(_grad_message(OP_NAMES[op], "updates"))
+        raise TypeError(_grad_message(op, "updates"))
 
 
 def with_write_rules(op: str, traced, updates_cotangent):

@@ -63,7 +63,7 @@ def test_two_differentiated_writes_in_a_row_name_the_one_call_that_works(op):
         once = getattr(pp.at(x)[i], op)(u1)
         return jnp.sum(_on_device(getattr(pp.at(once)[j], op)(u2)) * weights)
 
-    with pytest.raises(TypeError, match="make the two one call"):
+    with pytest.raises(TypeError, match="make the two one call: concatenate"):
         jax.grad(chained, argnums=(0, 1))(u1, u2)
     assert not x.is_deleted()
 
@@ -88,6 +88,49 @@ def test_vmap_is_refused_with_the_alternative():
 
 
 # --- gather_from_host ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["scan", "fori_loop"])
+@pytest.mark.parametrize("jitted", [False, True])
+def test_grad_through_a_loop_that_carries_the_buffer_names_the_write_after_it(loop, jitted):
+    x, i = put(X0), jnp.array([1, 3])
+    steps = jnp.arange(12.0, dtype=jnp.float32).reshape(3, 2, 2)
+
+    def in_the_loop(steps):
+        if loop == "scan":
+            body = lambda buffer, u: (pp.at(buffer)[i].add(u), None)  # noqa: E731
+            out = jax.lax.scan(body, x, steps)[0]
+        else:
+            out = jax.lax.fori_loop(0, 3, lambda k, b: pp.at(b)[i].add(steps[k]), x)
+        return jnp.sum(_on_device(out) * WEIGHTS)
+
+    grad = jax.jit(jax.grad(in_the_loop)) if jitted else jax.grad(in_the_loop)
+    with pytest.raises(TypeError, match="in a loop, collect the differentiated rows"):
+        grad(steps)
+    assert not x.is_deleted()
+    assert_same(read(x), X0)
+
+    # What it names: the rows collected on the device, written once after the loop.
+    def after_the_loop(steps):
+        rows = jax.lax.scan(lambda total, u: (total + u, None), jnp.zeros((2, 2)), steps)[0]
+        return jnp.sum(_on_device(pp.at(x)[i].add(rows)) * WEIGHTS)
+
+    def theirs(steps):
+        body = lambda buffer, u: (buffer.at[i].add(u), None)  # noqa: E731
+        return jnp.sum(jax.lax.scan(body, jnp.asarray(X0), steps)[0] * WEIGHTS)
+
+    assert_same(jax.grad(after_the_loop)(steps), jax.grad(theirs)(steps))
+
+
+@pytest.mark.parametrize(
+    ("op", "combine"),
+    [("min", "jnp.minimum(old, u)"), ("max", "jnp.maximum(old, u)"), ("multiply", "old * u")],
+)
+def test_the_updates_gradient_refusal_names_each_ops_own_formula(op, combine):
+    x, i, u = put(X0), jnp.array([1, 3]), jnp.ones((2, 2), jnp.float32)
+    with pytest.raises(TypeError, match=re.escape(f"new = {combine} with")):
+        jax.grad(lambda u: jnp.sum(_on_device(getattr(pp.at(x)[i], op)(u))))(u)
+    assert_same(read(x), X0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
