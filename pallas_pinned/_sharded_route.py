@@ -102,8 +102,10 @@ def replicated(a, layout: Layout):
     """``a`` on every device of the mesh: the all-gather (or nothing, if already so)."""
     a = _placement.to_device_memory(jnp.asarray(a))
     target = NamedSharding(layout.mesh, P())
-    if all(kind == _EXPLICIT for kind in layout.mesh.axis_types):
-        return jax.reshard(a, target)  # Explicit types change only through reshard.
+    if any(kind == _EXPLICIT for kind in layout.mesh.axis_types):
+        # Explicit types change only through reshard, on a mesh that mixes in Auto
+        # axes too: a sharding constraint there leaves an index typed sharded.
+        return jax.reshard(a, target)
     return lax.with_sharding_constraint(a, target)
 
 

@@ -1,0 +1,77 @@
+"""Buffers on meshes that mix ``Explicit`` and ``Auto`` axes, with the suite's 2 CPU devices."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import pallas_pinned as pp
+
+_EXPLICIT, _AUTO = jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto
+X0 = np.arange(64, dtype=np.float32).reshape(16, 4)
+COLUMNS = np.array([0, 3, 1, 3], np.int32)  # A duplicate column: add sums it.
+
+
+def _calls(on_a):
+    """Each call with an index or updates sharded over the mesh's Explicit axis, landing
+    on the rows' inner axis, and jnp's result for it."""
+    columns, ones = on_a(COLUMNS), on_a(np.ones(4, np.float32))
+    base = jnp.asarray(X0)
+    return {
+        "add, index sharded": (lambda x: pp.at(x)[:, columns].add(1.0),
+                               base.at[:, COLUMNS].add(1.0)),
+        "set, index sharded": (lambda x: pp.at(x)[jax.ds(0, 8), columns].set(-2.0),
+                               base.at[jax.ds(0, 8), COLUMNS].set(-2.0)),
+        "add, updates sharded": (lambda x: pp.at(x)[:, COLUMNS].add(ones),
+                                 base.at[:, COLUMNS].add(1.0)),
+        "get, index sharded": (lambda x: pp.at(x)[:, columns].get(), base[:, COLUMNS]),
+    }
+
+
+@pytest.mark.parametrize("case", list(_calls(lambda a: a)))
+@pytest.mark.parametrize("jitted", [False, True])
+def test_an_index_or_updates_sharded_over_a_mixed_mesh_give_jnps_result(case, jitted):
+    # The index or updates are gathered to every device first; on a mesh that mixes in
+    # Auto axes only jax.reshard retypes them (a sharding constraint left them typed
+    # sharded, and the rows' reshape raised JAX's ShardingTypeError).
+    mesh = jax.make_mesh((2, 1), ("a", "b"), axis_types=(_EXPLICIT, _AUTO))
+    call, theirs = _calls(lambda v: jax.device_put(v, NamedSharding(mesh, P("a"))))[case]
+    placed = NamedSharding(mesh, P("a"), memory_kind="pinned_host")
+    out = (jax.jit(call) if jitted else call)(jax.device_put(X0, placed))
+    assert np.asarray(out).tobytes() == np.asarray(theirs).tobytes()
+    if not case.startswith("get"):
+        # Where jit itself leaves such a buffer: in device memory on this mesh (jax
+        # 0.12.0.1, documented), even for the identity; eagerly in pinned_host.
+        same = jax.jit(lambda x: x, donate_argnums=0)(jax.device_put(X0, placed))
+        expected = same.sharding.memory_kind if jitted else "pinned_host"
+        assert out.sharding.memory_kind == expected, out.sharding
+
+
+@pytest.mark.parametrize("method", ["add", "subtract", "min", "max", "multiply", "set"])
+def test_the_sign_of_a_zero_on_an_auto_mesh_is_the_one_the_readme_states(method):
+    # Inside jit on an Auto mesh the ops see one array, and XLA partitions the read of the
+    # rows they combine with as a sum of each device's part: -0.0 reads as +0.0, as jnp's
+    # own x[i] does there. set reads nothing; outside jit the sharded layer keeps the sign.
+    mesh = jax.make_mesh((2,), ("d",), axis_types=(_AUTO,))
+    placed = NamedSharding(mesh, P("d"), memory_kind="pinned_host")
+    x0, rows = np.full((8, 2), -0.0, np.float32), np.array([1, 6])
+    update = {"add": -0.0, "subtract": 0.0, "min": 0.0, "max": -0.0, "multiply": 1.0,
+              "set": -0.0}[method]
+    theirs = getattr(jnp.asarray(x0).at[rows], method)(update)
+    assert np.signbit(np.asarray(theirs)).all()
+
+    def write(x):
+        return getattr(pp.at(x)[rows], method)(update)
+
+    eager = write(jax.device_put(x0, placed))
+    assert np.asarray(eager).tobytes() == np.asarray(theirs).tobytes()
+    jitted = np.asarray(jax.jit(write, donate_argnums=0)(jax.device_put(x0, placed)))
+    read_there = jax.jit(lambda x: x[rows])(jax.device_put(x0, NamedSharding(mesh, P("d"))))
+    assert not np.signbit(np.asarray(read_there)).any()  # XLA's partitioned read: +0.0.
+    assert np.signbit(jitted[rows]).all() == (method == "set")
+    untouched = np.delete(np.arange(8), rows)
+    assert np.signbit(jitted[untouched]).all()  # Rows not written keep their -0.0.
