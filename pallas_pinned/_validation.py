@@ -106,6 +106,13 @@ def warn_if_lossy(updates: Any, x_dtype) -> None:
         )
 
 
+def _moving(name: str, x: Any) -> str:
+    """The call that puts an input on x's devices, in x's words."""
+    if isinstance(x.sharding, jax.sharding.NamedSharding):
+        return f"jax.device_put({name}, NamedSharding(x.sharding.mesh, P()))"
+    return f"jax.device_put({name}, x.sharding.with_memory_kind('device'))"
+
+
 def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
     """Committed concrete inputs must live on the buffer's device (any memory kind).
 
@@ -120,7 +127,8 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
         if other.sharding.device_set != x.sharding.device_set:
             raise ValueError(
                 f"{name} is on {sorted(map(str, other.sharding.device_set))} but x is on "
-                f"{sorted(map(str, x.sharding.device_set))}; move it with jax.device_put first"
+                f"{sorted(map(str, x.sharding.device_set))}; move it to x's devices first, "
+                f"e.g. {_moving(name, x)}"
             )
         theirs, ours = other.sharding, x.sharding
         if (len(theirs.device_set) > 1 and isinstance(theirs, jax.sharding.NamedSharding)

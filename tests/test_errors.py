@@ -7,10 +7,14 @@ a buffer passed as its own updates or indices).
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import pallas_pinned as pp
 from pallas_pinned.gather import gather_from_host
@@ -214,6 +218,29 @@ def test_add_updates_on_another_device():
     with pytest.raises(ValueError, match="updates is on"):
         scatter_add_to_host(x, [1], jax.device_put(jnp.ones((1, 2)), jax.devices()[1]))
     assert not x.is_deleted()
+
+
+
+@pytest.mark.parametrize("layout", ["one device", "replicated over a mesh"])
+def test_the_other_device_refusal_names_a_move_that_works(layout):
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices")
+    x0 = np.arange(12, dtype=np.float32).reshape(6, 2)
+    if layout == "one device":
+        x, elsewhere = put(x0, device=jax.devices()[1]), jax.devices()[0]
+    else:
+        mesh = jax.make_mesh((2,), ("data",))
+        x = jax.device_put(x0, NamedSharding(mesh, P(), memory_kind="pinned_host"))
+        elsewhere = jax.devices()[1]
+    indices = jax.device_put(jnp.array([1, 1]), elsewhere)
+    with pytest.raises(ValueError, match=r"indices is on .*e\.g\. (jax\.device_put\(.*\))$") as err:
+        scatter_add_to_host(x, indices, 1.0)
+    assert not x.is_deleted()
+    advice = re.search(r"e\.g\. (jax\.device_put\(.*\))$", str(err.value)).group(1)
+    moved = eval(advice, {"jax": jax, "NamedSharding": NamedSharding, "P": P, "indices": indices,
+                          "x": x})
+    out = scatter_add_to_host(x, moved, 1.0)
+    np.testing.assert_array_equal(read(out)[1], x0[1] + 2)
 
 
 # --- rules the three ops share -------------------------------------------------------
