@@ -87,9 +87,6 @@ def test_vmap_is_refused_with_the_alternative():
         jax.vmap(lambda i: pp.scatter_to_host(x, i, 1.0))(jnp.array([[1], [2]]))
 
 
-# --- gather_from_host ----------------------------------------------------------------
-
-
 @pytest.mark.parametrize("loop", ["scan", "fori_loop"])
 @pytest.mark.parametrize("jitted", [False, True])
 def test_grad_through_a_loop_that_carries_the_buffer_names_the_write_after_it(loop, jitted):
@@ -131,6 +128,9 @@ def test_the_updates_gradient_refusal_names_each_ops_own_formula(op, combine):
     with pytest.raises(TypeError, match=re.escape(f"new = {combine} with")):
         jax.grad(lambda u: jnp.sum(_on_device(getattr(pp.at(x)[i], op)(u))))(u)
     assert_same(read(x), X0)
+
+
+# --- gather_from_host ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
