@@ -310,6 +310,11 @@ def _with_rules(call: WriteCall):
     )
 
 
+@functools.lru_cache(maxsize=256)  # Keyed as _with_rules: one jit wrapper per call.
+def _jitted_rules(call: WriteCall):
+    return jax.jit(_with_rules(call))
+
+
 @functools.cache
 def _jitted(sharding, donate: bool):
     def run(x, operands, updates, call):
@@ -375,7 +380,7 @@ def write(x, operands, updates, call: WriteCall):
                 raise
             # A shard_map run eagerly (no jit around it) has no custom_vjp with symbolic
             # zeros; under jit its body is traced as any other function.
-            return jax.jit(rules)(x, operands, updates)
+            return _jitted_rules(call)(x, operands, updates)
     if call.plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write; the buffer stays as it is.
     x = _placement.fix_memory_space(x)

@@ -75,3 +75,26 @@ def test_the_sign_of_a_zero_on_an_auto_mesh_is_the_one_the_readme_states(method)
     assert np.signbit(jitted[rows]).all() == (method == "set")
     untouched = np.delete(np.arange(8), rows)
     assert np.signbit(jitted[untouched]).all()  # Rows not written keep their -0.0.
+
+
+def test_an_eager_shard_map_write_reuses_its_jit_wrapper():
+    # Eagerly, shard_map has no custom_vjp with symbolic zeros, so the write is jitted
+    # inside it: once per call, not a new jax.jit wrapper (and trace) on every step.
+    from pallas_pinned import _local_write
+
+    mesh = jax.make_mesh((2,), ("data",))
+    pinned = NamedSharding(mesh, P("data"), memory_kind="pinned_host")
+    step = jax.shard_map(
+        lambda x, ids: pp.at(x)[ids].add(1.0, backend="xla"),
+        mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"),
+    )
+    ids = jnp.array([1, 0, 1], jnp.int32)
+    step(jax.device_put(X0, pinned), ids)
+    built = _local_write._jitted_rules.cache_info().misses
+    got = step(jax.device_put(X0, pinned), ids)
+    assert _local_write._jitted_rules.cache_info().misses == built
+    want = jax.jit(jax.shard_map(
+        lambda x, ids: x.at[ids].add(1.0), mesh=mesh, in_specs=(P("data"), P()),
+        out_specs=P("data"),
+    ))(jax.device_put(X0, NamedSharding(mesh, P("data"))), ids)
+    assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
