@@ -36,7 +36,7 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
   fuses the making of the inputs into its own scatter, which no custom call can have and no
   real step offers. Where no run measured it, the kernel stays. The default evidence for
   XLA's path is a graphed run made for it (2026-12-04 16:22 UTC, under a table with ``xla``
-  for every float32 set and add class); the README's "What ``auto`` runs" has its figures.
+  for every float32 set and add class); docs/PERFORMANCE.md's "What ``auto`` runs" has its figures.
 * add needs a real client's word too. The loop's rows never repeat within a step; the
   sparse-training client's Zipf ids do. Run under the same table (``--add-client-from``),
   ``auto`` on XLA's add path took 705.0 us per step against the kernels' 73.2; on uniform

@@ -34,7 +34,7 @@ from pallas_pinned import _placement
 # The H200's PCIe (gen 5 x16) ceiling as this project measured it, 52-55 GB/s: the
 # copy engine's device->pinned copies of >= 64 MiB took 53.3-55.2 GB/s
 # (benchmarks/results/scatter_full_h200.json, the sweep's `ceiling` rows) and a kernel
-# storing contiguously into pinned memory 52.6 GB/s (README, "Performance"). The low
+# storing contiguously into pinned memory 52.6 GB/s (docs/PERFORMANCE.md, "One call"). The low
 # end, rounded down: what SM stores reach, not the copy engine (55 GB/s would make
 # pcie_us about 6 % smaller).
 PCIE_BYTES_PER_S = 52e9

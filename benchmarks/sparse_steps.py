@@ -90,7 +90,7 @@ def distinct_rows(ids, num_rows: int):
 
     The read-once step's helper, kept here rather than in the library: on the H200
     (2026-12-04 17:28 UTC) the step it serves was no faster than ``ours_sorted``
-    (README, the sparse-training client).
+    (docs/PERFORMANCE.md, the sparse-training client).
     """
     rows = _rows.normalize_rows(ids, num_rows, None)
     n = rows.shape[0]

@@ -59,7 +59,7 @@ class Thresholds:
     # scatter_to_host: up to this many updates, the kernel normalizes the raw
     # indices and drops superseded duplicates itself (one launch per call; its
     # duplicate search grows as n**2). Chosen from the loop benchmark on the
-    # H200 (benchmarks/results/loop_h200.json); see README "Inside a jitted loop".
+    # H200 (benchmarks/results/loop_h200.json); see docs/PERFORMANCE.md, "Inside a jitted loop".
     fused_max_updates: int = 4096
     # scatter_add_to_host (Pallas): up to this many updates, the kernel
     # normalizes the raw indices and sums duplicates itself, in entry order

@@ -149,8 +149,8 @@ def test_auto_follows_the_shipped_measured_table():
     assert shipped["source"].startswith("benchmarks/results/loop")
     assert shipped["measured"]["gpu_name"] == "NVIDIA H200"
     run = json.loads((choose_backends.REPO / shipped["source"]).read_text())
-    # Derived from a run whose steps XLA graphed, as a real step's kernels are (README,
-    # "Inside a jitted loop"); the table says which options its run had.
+    # Derived from a run whose steps XLA graphed, as a real step's kernels are
+    # (docs/PERFORMANCE.md, "Inside a jitted loop"); the table says which options its run had.
     assert run["meta"]["compiler_options"] == shipped["measured"]["compiler_options"]
     assert run["meta"]["compiler_options"].get("xla_gpu_graph_min_graph_size") == 1
     earlier = {label: json.loads((choose_backends.REPO / label).read_text())["records"]
