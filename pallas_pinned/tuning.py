@@ -2,10 +2,19 @@
 
 Results never depend on these settings; only speed does. The defaults were
 measured on the H200 (each field says where). Benchmarks and tests switch a
-path on or off through :func:`override` instead of patching module globals:
-the ops read :func:`current` when they are called (outside any trace too), and
-the values become part of each call's static configuration, so a changed
-setting compiles a new program instead of hitting a stale jit cache entry.
+path on or off through :func:`override` instead of patching module globals.
+The ops read :func:`current` when they are traced (an eager call is traced by
+the op's own jit, so a changed setting compiles a new program there). A function
+you jit yourself is different: JAX's jit cache does not see these settings, so
+it keeps running the program of its first trace, whatever the setting in force
+at a later call. To run it under other settings, jit a new function inside the
+``with`` block (a new function object: ``jax.jit`` of the same function reuses
+its trace), or call ``jax.clear_caches()`` on entering the block and again on
+leaving it.
+
+An ``override`` holds in its own thread and its own asyncio task (a context
+variable): a thread started inside the block starts from the defaults, and an
+asyncio task created inside it inherits it, as it copies its context.
 
 >>> from pallas_pinned import tuning
 >>> with tuning.override(sort_min_updates=0):   # always sort for locality
@@ -22,9 +31,9 @@ import, naming the variable.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import os
-import threading
 from collections.abc import Iterator
 
 __all__ = ["ENV", "Thresholds", "current", "override"]
@@ -177,12 +186,14 @@ def _from_environment(text: str) -> Thresholds:
 
 
 _DEFAULTS = _from_environment(os.environ.get(ENV, ""))
-_state = threading.local()
+# A context variable, not a thread-local: asyncio tasks sharing a thread must not
+# see each other's override (kernels/relaxed_atomics.py scopes its switch alike).
+_THRESHOLDS = contextvars.ContextVar("pallas_pinned_thresholds", default=_DEFAULTS)
 
 
 def current() -> Thresholds:
-    """The thresholds in force in this thread."""
-    return getattr(_state, "thresholds", _DEFAULTS)
+    """The thresholds in force in this context (thread, asyncio task)."""
+    return _THRESHOLDS.get()
 
 
 @contextlib.contextmanager
@@ -192,10 +203,9 @@ def override(**changes) -> Iterator[Thresholds]:
     Unknown names and non-bool flags raise ``TypeError``; negative or
     non-int thresholds raise ``ValueError``.
     """
-    previous = current()
-    updated = dataclasses.replace(previous, **changes)
-    _state.thresholds = updated
+    updated = dataclasses.replace(current(), **changes)
+    token = _THRESHOLDS.set(updated)
     try:
         yield updated
     finally:
-        _state.thresholds = previous
+        _THRESHOLDS.reset(token)

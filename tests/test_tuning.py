@@ -60,3 +60,68 @@ def test_a_bad_environment_fails_the_import_clearly():
     child = _defaults_in_child("relaxed_atomics=maybe")
     assert child.returncode != 0
     assert f"${tuning.ENV}: relaxed_atomics takes true/false/1/0" in child.stderr
+
+
+def test_an_override_holds_in_its_own_asyncio_task_and_thread():
+    # A context variable: another task on the same thread, and a thread started inside
+    # the block, keep the defaults; a task created inside the block inherits it.
+    import asyncio
+    import threading
+
+    defaults = tuning.current()
+    seen = {}
+
+    async def overriding(entered, done):
+        with tuning.override(block_rows_from=0):
+            seen["child task"] = await asyncio.create_task(_current())
+            thread = threading.Thread(target=lambda: seen.update(thread=tuning.current()))
+            thread.start()
+            thread.join()
+            entered.set()
+            await done.wait()
+
+    async def _current():
+        return tuning.current()
+
+    async def other(entered, done):
+        await entered.wait()
+        seen["other task"] = tuning.current()
+        done.set()
+
+    async def main():
+        entered, done = asyncio.Event(), asyncio.Event()
+        await asyncio.gather(overriding(entered, done), other(entered, done))
+
+    asyncio.run(main())
+    assert seen["other task"] == defaults and seen["thread"] == defaults
+    assert seen["child task"].block_rows_from == 0
+    assert tuning.current() == defaults
+
+
+def test_a_users_jit_keeps_the_program_of_its_first_trace():
+    # What the module docstring says: JAX's jit cache does not see the settings, so a
+    # function jitted by the user keeps its first trace's path; a new function traced
+    # inside the block takes the override's.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import pallas_pinned as pp
+
+    pinned = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0], memory_kind="pinned_host")
+    x = jax.device_put(np.zeros((16, 4), np.float32), pinned)
+    u = jnp.ones((4, 4), jnp.float32)
+
+    def write(x, u):
+        return pp.at(x)[2:6].set(u)  # A block: one copy below block_rows_from rows.
+
+    def path(jitted):
+        text = jitted.lower(x, u).as_text()
+        return "scatter" if "scatter" in text else "copy"
+
+    users = jax.jit(write)
+    assert path(users) == "copy"
+    with tuning.override(block_rows_from=0):  # Blocks as rows.
+        assert path(users) == "copy"
+        assert path(jax.jit(write)) == "copy"  # The same function: the same trace.
+        assert path(jax.jit(lambda x, u: write(x, u))) == "scatter"
