@@ -129,9 +129,10 @@ def pallas_triton_usable() -> bool:
 
     spec = jax.ShapeDtypeStruct((8,), jnp.float32)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            jax.jit(copy).trace(spec).lower(lowering_platforms=("cuda",))
+        # No warnings.catch_warnings here: it swaps the filters of the whole process,
+        # hiding other threads' warnings meanwhile. The module's filter above covers
+        # upstream's deprecation, as it does for every kernel the ops lower.
+        jax.jit(copy).trace(spec).lower(lowering_platforms=("cuda",))
     except Exception as err:  # noqa: BLE001 - any failure to lower is the answer
         # The accelerated deprecation raises its own text. Anything else here
         # (no GPU to lower for on a CPU-only jaxlib) does not say the backend

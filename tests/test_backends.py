@@ -68,6 +68,22 @@ def test_users_do_not_see_the_deprecation_warning():
     assert not any(_registry.PALLAS_TRITON_DEPRECATION in t for t in texts), texts
 
 
+
+def test_the_pallas_probe_leaves_other_threads_warnings_alone(monkeypatch):
+    # warnings.catch_warnings swaps the filters of the whole process (Python 3.12), so
+    # a probe lowering inside one hid other threads' DeprecationWarnings meanwhile. The
+    # probe's kernel is traced while it lowers: the filters it sees are everyone's.
+    seen = []
+
+    def copy_kernel(x_ref, o_ref):
+        seen.append(list(warnings.filters))
+        o_ref[...] = x_ref[...]
+
+    monkeypatch.setattr(_registry, "_copy_kernel", copy_kernel)
+    before = list(warnings.filters)
+    _registry.pallas_triton_usable.__wrapped__()
+    assert seen == [before]
+
 _ACCELERATED = textwrap.dedent(
     """
     import json, warnings
