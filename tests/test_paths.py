@@ -81,19 +81,22 @@ def test_add_rank_order_and_sort_order_give_the_same_bits(request, monkeypatch, 
     upd = rng.standard_normal((n, 4)).astype(np.float32)
     settings = dict(ADD_ORDERS[path])
     threshold = settings.pop("threshold")
-    orders = []  # Which order each traced call took: rank counting or a sort.
+    orders = []  # Per call, which order each trace took: rank counting or a sort.
     real_order = _rows.stable_order
-    monkeypatch.setattr(_rows, "stable_order", lambda rows, *, small_max: orders.append(
+    monkeypatch.setattr(_rows, "stable_order", lambda rows, *, small_max: orders[-1].add(
         rows.shape[0] <= small_max) or real_order(rows, small_max=small_max))
     results = []
     for small_max in (0, 10**9):
+        orders.append(set())
         with tuning.override(fused_max_adds=0, **settings, **{threshold: small_max}):
             out = pp.scatter_add_to_host(
                 _host(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend
             )
         results.append(np.asarray(out))
     if n > 1:
-        assert orders == [False, True], orders  # A sort, then rank counting.
+        # A sort, then rank counting. (On a GPU the kernel's call traces the XLA branch
+        # of lax.platform_dependent too, so each call may order twice, alike.)
+        assert orders == [{False}, {True}], orders
     assert_same(results[0], results[1], what="rank order vs sort order")
     expected = x0.copy()
     keep = (idx >= -50) & (idx < 50)
