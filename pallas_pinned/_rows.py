@@ -24,6 +24,7 @@ __all__ = [
     "drop_superseded",
     "drop_superseded_small",
     "index_dtype",
+    "check_rows_addressable",
     "normalize_rows",
     "rows_in_range",
     "COMBINERS",
@@ -98,10 +99,9 @@ def normalize_rows(rows, num_rows: int, mode: str | None):
     ``"promise_in_bounds"`` they are left as they are (the caller promised).
     """
     wide = index_dtype()
+    check_rows_addressable(num_rows)
     rows = widen(rows)
-    n = jnp.asarray(num_rows, wide) if num_rows <= jnp.iinfo(wide).max else None
-    if n is not None:
-        rows = jnp.where(rows < 0, rows + n, rows)
+    rows = jnp.where(rows < 0, rows + jnp.asarray(num_rows, wide), rows)
     if mode == "clip":
         return jnp.clip(rows, 0, num_rows - 1)
     if mode == "promise_in_bounds":
@@ -109,10 +109,27 @@ def normalize_rows(rows, num_rows: int, mode: str | None):
     return jnp.where(rows_in_range(rows, num_rows), rows, skip_row(num_rows, wide))
 
 
+def check_rows_addressable(num_rows: int) -> None:
+    """Refuses, at trace time, rows that the index type cannot address.
+
+    Without x64, indices are int32: row 2**31 and beyond have no number, a negative
+    index cannot wrap onto them, and a wider index saturates onto row 2**31 - 1.
+    jnp's indexing refuses such an axis too (``OverflowError`` as it wraps negatives).
+    """
+    wide = index_dtype()
+    if num_rows > jnp.iinfo(wide).max:
+        raise OverflowError(
+            f"x has {num_rows} rows along the indexed axes, more than {wide} indices "
+            f"address ({jnp.iinfo(wide).max}); jnp refuses this too. Turn on 64-bit "
+            "indices before making the indices: jax.config.update('jax_enable_x64', True) "
+            "(or JAX_ENABLE_X64=1)"
+        )
+
+
 def rows_in_range(rows: jax.Array, num_rows: int) -> jax.Array:
     """Which rows point at a real row of the buffer (skip markers do not)."""
     ok = rows >= 0
-    if num_rows <= jnp.iinfo(rows.dtype).max:
+    if num_rows <= jnp.iinfo(rows.dtype).max:  # Else every row of the type is a real one.
         ok &= rows < num_rows
     return ok
 

@@ -155,19 +155,52 @@ def test_buffer_past_2_31_elements():
     np.testing.assert_array_equal(_host_rows(out, targets + 1)[:-2], 0)  # Neighbours untouched.
 
 
-def test_buffer_of_more_rows_than_int32_wraps_negative_indices():
-    # 2**31 + 5 rows x 1 float32 (8 GiB): the one-launch kernels cannot wrap -1 in
-    # int32, so these small batches take the unfused path (its skip marker is -1 there).
+_HUGE_X64 = textwrap.dedent(
+    """
+    import ctypes, json
+    import jax, jax.numpy as jnp, numpy as np
+    import pallas_pinned as pp
+    rows = 2**31 + 5
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    x = jax.device_put(np.zeros((rows, 1), np.float32), host)
+    idx = jnp.array([0, 2**31 - 1, -1, -5, 7, 7], jnp.int64)
+    upd = jnp.arange(1, 7, dtype=jnp.float32)[:, None]
+    targets = [0, 2**31 - 1, rows - 1, rows - 5, 7, 1, 6, 8, rows - 2]
+
+    def at(a):
+        a.block_until_ready()
+        base = a.unsafe_buffer_pointer()
+        return [ctypes.c_float.from_address(base + 4 * r).value for r in targets]
+
+    out = pp.at(x)[idx].set(upd)
+    after_set = at(out)
+    out = pp.at(out)[idx].add(upd)
+    print(json.dumps({"index": str(idx.dtype), "set": after_set, "add": at(out)}))
+    """
+)
+
+
+def test_buffer_of_more_rows_than_int32_needs_x64_indices():
+    # 2**31 + 5 rows x 1 float32 (8 GiB). Without x64 the indices are int32, which
+    # cannot number the rows past 2**31 - 1: refused at trace time, x intact (jnp
+    # refuses such an axis too). With x64 a negative index wraps onto those rows.
     rows = 2**31 + 5
     x = jax.device_put(np.zeros((rows, 1), np.float32), sharding("pinned_host"))
-    idx = jnp.array([0, 2**31 - 1, -1, -5, 7, 7], jnp.int32)
-    upd = jnp.arange(1, 7, dtype=jnp.float32)[:, None]
-    targets = np.array([0, 2**31 - 1, rows - 1, rows - 5, 7])
-    out = pp.at(x)[idx].set(upd)
-    np.testing.assert_array_equal(_host_rows(out, targets)[:, 0], [1, 2, 3, 4, 6])
-    out = pp.at(out)[idx].add(upd)
-    np.testing.assert_array_equal(_host_rows(out, targets)[:, 0], [2, 4, 6, 8, 17])
-    np.testing.assert_array_equal(_host_rows(out, np.array([1, 6, 8, rows - 2]))[:, 0], 0)
+    idx = jnp.array([0, -1], jnp.int32)
+    with pytest.raises(OverflowError, match="jax_enable_x64"):
+        pp.at(x)[idx].set(jnp.ones((2, 1), jnp.float32))
+    assert not x.is_deleted()
+    np.testing.assert_array_equal(_host_rows(x, np.array([0, rows - 1]))[:, 0], 0)
+    del x
+    env = dict(os.environ, JAX_ENABLE_X64="1")
+    done = subprocess.run(
+        [sys.executable, "-c", _HUGE_X64], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["index"] == "int64"
+    assert got["set"] == [1, 2, 3, 4, 6, 0, 0, 0, 0]
+    assert got["add"] == [2, 4, 6, 8, 17, 0, 0, 0, 0]
 
 
 def _compiled_hlo(fn, *args, donate: bool) -> str:

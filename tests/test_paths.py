@@ -117,14 +117,24 @@ def test_fused_path_duplicate_search_spans_many_chunks(request):
     assert_same(np.asarray(out), scatter_oracle(x0, idx, upd))
 
 
-@pytest.mark.parametrize("method", ["set", "add"])
-def test_a_buffer_of_more_rows_than_int32_skips_the_one_launch_path(method):
-    # The one-launch kernels wrap a negative index by adding the row count in the
-    # indices' type (int32 without x64): past 2**31 - 1 rows the unfused path serves.
-    # Traced only (the buffer would be 8 GiB); tests/test_gpu.py runs it.
+@pytest.mark.parametrize("method", ["set", "add", "get"])
+def test_a_buffer_of_more_rows_than_int32_needs_x64_indices(method):
+    # Without x64 the indices are int32: rows past 2**31 - 1 have no number, a negative
+    # index cannot wrap onto them and a uint32 one would saturate onto row 2**31 - 1
+    # (jnp refuses such an axis too). Refused at trace time; with x64 it traces. Traced
+    # only (the buffer would be 8 GiB); tests/test_gpu.py runs it.
     pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
     x = jax.ShapeDtypeStruct((2**31 + 5, 1), jnp.float32, sharding=pinned)
-    rows, updates = jnp.array([0, -1, 7, 7], jnp.int32), jnp.ones((4, 1), jnp.float32)
-    out = jax.eval_shape(
-        lambda x: getattr(pp.at(x)[rows], method)(updates, backend="interpret"), x)
-    assert out.shape == x.shape and out.dtype == x.dtype
+
+    def call(x, rows):
+        at = pp.at(x)[rows]
+        if method == "get":
+            return at.get(backend="interpret")
+        return getattr(at, method)(jnp.ones((4, 1), jnp.float32), backend="interpret")
+
+    for dtype in (jnp.int32, jnp.uint32):
+        with pytest.raises(OverflowError, match="jax_enable_x64"):
+            jax.eval_shape(call, x, jnp.array([0, 1, 7, 7], dtype))
+    with jax.enable_x64(True):
+        out = jax.eval_shape(call, x, jnp.array([0, -1, 7, 7], jnp.int64))
+    assert out.shape == ((4, 1) if method == "get" else x.shape)
