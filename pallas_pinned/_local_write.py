@@ -338,8 +338,13 @@ def may_donate(*args) -> bool:
     A closed-over buffer written with constants inside an eager ``jax.grad`` or
     ``jax.vmap`` has no traced argument, yet its result stays inside the
     transformation. JAX's trace state says whether one is on; should that
-    private function move, the arguments' tracers still decide.
+    private function move, the arguments' tracers still decide. Nor under
+    ``jax_debug_nans``/``jax_debug_infs``: a call that makes a NaN or inf is re-run
+    de-optimized on the same inputs, and a donated buffer is gone by then (JAX
+    turns donation off itself for NaNs only).
     """
+    if jax.config.jax_debug_nans or jax.config.jax_debug_infs:
+        return False
     if any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(args)):
         return False
     if _trace_state_clean is None:
