@@ -283,7 +283,11 @@ def launch_row_kernel(
     def body(*refs):
         bound = dict(zip(present, refs[:-1], strict=True))
         refs_in = (bound.get(k) for k in range(len(operands)))
-        return kernel(*refs_in, refs[-1], grid=grid, **settings)
+        # The kernels mix program ids (int32) with aranges (int64 under x64) as jnp's
+        # standard promotion allows; a user's jax_numpy_dtype_promotion="strict" must not
+        # reach inside them (with x64 on it refused every kernel).
+        with jax.numpy_dtype_promotion("standard"):
+            return kernel(*refs_in, refs[-1], grid=grid, **settings)
 
     arrays = [operands[k] for k in present]
     out_shape = buffer_shape if in_place else (num_entries, row_width)

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -260,3 +261,22 @@ def test_with_x64_a_set_casts_updates_as_jnp_does_through_their_common_type():
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["auto", "interpret"])
+@pytest.mark.parametrize("op", ["get", "set", "add", "min", "multiply"])
+def test_ops_under_x64_and_strict_dtype_promotion_give_jnps_result(op, backend):
+    # A user's jax_numpy_dtype_promotion="strict" with x64 on: the kernels' own index
+    # arithmetic (int32 program ids, int64 aranges) refused every op, even under auto on
+    # the CPU, whose traced program holds the CUDA kernel too.
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("strict"):
+        x0 = np.arange(32, dtype=np.float32).reshape(8, 4)
+        pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+        for index in (np.array([1, 5, 1], np.int32), np.array([[0, 3], [6, -1]], np.int64)):
+            i = jnp.asarray(index)
+            u = jnp.full(index.shape + (4,), 2.0, jnp.float32)
+            at = pp.at(jax.device_put(x0, pinned))[i]
+            got = at.get(backend=backend) if op == "get" else getattr(at, op)(u, backend=backend)
+            ref = jnp.asarray(x0).at[i]
+            want = ref.get() if op == "get" else getattr(ref, op)(u)
+            assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), (op, index)
