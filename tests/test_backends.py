@@ -71,8 +71,11 @@ def test_users_do_not_see_the_deprecation_warning():
 
 def test_the_pallas_probe_leaves_other_threads_warnings_alone(monkeypatch):
     # warnings.catch_warnings swaps the filters of the whole process (Python 3.12), so
-    # a probe lowering inside one hid other threads' DeprecationWarnings meanwhile. The
-    # probe's kernel is traced while it lowers: the filters it sees are everyone's.
+    # beside another thread a probe lowering inside one hid that thread's warnings
+    # meanwhile. The probe's kernel is traced while it lowers: the filters it sees are
+    # everyone's.
+    import threading
+
     seen = []
 
     def copy_kernel(x_ref, o_ref):
@@ -80,9 +83,23 @@ def test_the_pallas_probe_leaves_other_threads_warnings_alone(monkeypatch):
         o_ref[...] = x_ref[...]
 
     monkeypatch.setattr(_registry, "_copy_kernel", copy_kernel)
+    monkeypatch.setattr(threading, "active_count", lambda: 2)  # Another thread runs.
     before = list(warnings.filters)
     _registry.pallas_triton_usable.__wrapped__()
     assert seen == [before]
+
+
+def test_the_pallas_probe_alone_hides_upstreams_deprecation(monkeypatch):
+    # With no other thread it may swap the filters: even under a filter that shows every
+    # warning (pytest's capture, simplefilter("always")), the probe says nothing.
+    import threading
+
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _registry.pallas_triton_usable.__wrapped__()
+    texts = [str(w.message) for w in caught]
+    assert not any(_registry.PALLAS_TRITON_DEPRECATION in t for t in texts), texts
 
 _ACCELERATED = textwrap.dedent(
     """
