@@ -192,7 +192,8 @@ def test_buffer_of_more_rows_than_int32_needs_x64_indices():
     assert not x.is_deleted()
     np.testing.assert_array_equal(_host_rows(x, np.array([0, rows - 1]))[:, 0], 0)
     del x
-    env = dict(os.environ, JAX_ENABLE_X64="1")
+    # The child's GPU allocator must not wait on this process's preallocated share.
+    env = dict(os.environ, JAX_ENABLE_X64="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
     done = subprocess.run(
         [sys.executable, "-c", _HUGE_X64], env=env, capture_output=True, text=True, timeout=300
     )

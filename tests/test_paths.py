@@ -94,9 +94,10 @@ def test_add_rank_order_and_sort_order_give_the_same_bits(request, monkeypatch, 
             )
         results.append(np.asarray(out))
     if n > 1:
-        # A sort, then rank counting. (On a GPU the kernel's call traces the XLA branch
-        # of lax.platform_dependent too, so each call may order twice, alike.)
-        assert orders == [{False}, {True}], orders
+        # A sort, then rank counting. On a GPU the kernel's call also traces the XLA
+        # branch of lax.platform_dependent, which orders by its own threshold
+        # (small_combine_max), so the first call may count ranks there too.
+        assert False in orders[0] and orders[1] == {True}, orders
     assert_same(results[0], results[1], what="rank order vs sort order")
     expected = x0.copy()
     keep = (idx >= -50) & (idx < 50)
