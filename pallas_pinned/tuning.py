@@ -208,9 +208,13 @@ def override(**changes) -> Iterator[Thresholds]:
     Unknown names and non-bool flags raise ``TypeError``; negative or
     non-int thresholds raise ``ValueError``.
     """
-    updated = dataclasses.replace(current(), **changes)
+    previous = current()
+    updated = dataclasses.replace(previous, **changes)
     token = _THRESHOLDS.set(updated)
     try:
         yield updated
     finally:
-        _THRESHOLDS.reset(token)
+        try:
+            _THRESHOLDS.reset(token)
+        except ValueError:  # Left in another context (an async fixture's teardown task).
+            _THRESHOLDS.set(previous)

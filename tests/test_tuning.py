@@ -125,3 +125,18 @@ def test_a_users_jit_keeps_the_program_of_its_first_trace():
         assert path(users) == "copy"
         assert path(jax.jit(write)) == "copy"  # The same function: the same trace.
         assert path(jax.jit(lambda x, u: write(x, u))) == "scatter"
+
+
+def test_an_override_left_in_another_context_restores_the_settings():
+    # An async fixture may enter the block in one task and leave it in another, whose
+    # context did not set the variable: leaving must not raise.
+    import contextvars
+
+    before = tuning.current()
+    block = tuning.override(block_rows_from=0)
+    block.__enter__()
+    elsewhere = contextvars.copy_context()
+    elsewhere.run(block.__exit__, None, None, None)
+    assert elsewhere.run(tuning.current) == before
+    tuning._THRESHOLDS.set(before)  # Entered here: leave this context as it was.
+    assert tuning.current() == before
