@@ -119,7 +119,9 @@ def _without_upstreams_deprecation():
     """Upstream's deprecation hidden from the probe, even under a filter that shows every
     warning (pytest's capture, ``simplefilter("always")``), when no other thread runs:
     ``warnings.catch_warnings`` swaps the filters of the whole process, so beside other
-    threads it would hide their warnings meanwhile. There the module's filter serves."""
+    threads it would hide their warnings meanwhile. There only the module's filter
+    hides it, so a filter that shows every warning shows it, once. (A thread started
+    during the probe's few milliseconds would have that message hidden meanwhile.)"""
     if threading.active_count() > 1:
         yield
         return
