@@ -33,6 +33,7 @@ def skip_row(num_rows: int, dtype) -> int:
     """The row number that marks an entry as not to be touched.
 
     One past the end when the index type can hold it (every kernel masks it;
-    interpret mode drops it), else -1 (buffers of more rows than the type holds).
+    interpret mode drops it), else -1: buffers of more rows than the type holds,
+    which the ops refuse before they mark anything (``_rows.check_rows_addressable``).
     """
     return num_rows if num_rows <= np.iinfo(dtype).max else -1

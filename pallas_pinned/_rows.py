@@ -2,8 +2,9 @@
 
 Everything here runs inside the traced op, before a kernel or the XLA path
 sees the rows. Entries that must not be touched are marked with
-:func:`skip_row` (one past the end, or -1 for buffers of more rows than the
-index type holds), which every kernel masks and every XLA path drops.
+:func:`skip_row` (one past the end), which every kernel masks and every XLA
+path drops. A buffer of more rows than the index type numbers is refused
+(:func:`check_rows_addressable`).
 """
 
 from __future__ import annotations
@@ -114,15 +115,16 @@ def check_rows_addressable(num_rows: int) -> None:
 
     Without x64, indices are int32: row 2**31 and beyond have no number, a negative
     index cannot wrap onto them, and a wider index saturates onto row 2**31 - 1.
-    jnp's indexing refuses such an axis too (``OverflowError`` as it wraps negatives).
+    jnp's indexing refuses a signed index array into such an axis too
+    (``OverflowError`` as it wraps negatives); it takes an unsigned one, we do not.
     """
     wide = index_dtype()
     if num_rows > jnp.iinfo(wide).max:
         raise OverflowError(
             f"x has {num_rows} rows along the indexed axes, more than {wide} indices "
-            f"address ({jnp.iinfo(wide).max}); jnp refuses this too. Turn on 64-bit "
-            "indices before making the indices: jax.config.update('jax_enable_x64', True) "
-            "(or JAX_ENABLE_X64=1)"
+            f"address ({jnp.iinfo(wide).max}), as jnp refuses a signed index there. Turn "
+            "on 64-bit indices before making the indices: jax.config.update("
+            "'jax_enable_x64', True) (or JAX_ENABLE_X64=1)"
         )
 
 
