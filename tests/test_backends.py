@@ -68,7 +68,6 @@ def test_users_do_not_see_the_deprecation_warning():
     assert not any(_registry.PALLAS_TRITON_DEPRECATION in t for t in texts), texts
 
 
-
 def test_the_pallas_probe_leaves_other_threads_warnings_alone(monkeypatch):
     # warnings.catch_warnings swaps the filters of the whole process (Python 3.12), so
     # beside another thread a probe lowering inside one hid that thread's warnings
@@ -100,6 +99,7 @@ def test_the_pallas_probe_alone_hides_upstreams_deprecation(monkeypatch):
         _registry.pallas_triton_usable.__wrapped__()
     texts = [str(w.message) for w in caught]
     assert not any(_registry.PALLAS_TRITON_DEPRECATION in t for t in texts), texts
+
 
 _ACCELERATED = textwrap.dedent(
     """

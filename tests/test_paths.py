@@ -81,10 +81,10 @@ def test_add_rank_order_and_sort_order_give_the_same_bits(request, monkeypatch, 
     upd = rng.standard_normal((n, 4)).astype(np.float32)
     settings = dict(ADD_ORDERS[path])
     threshold = settings.pop("threshold")
-    orders = []  # Per call, which order each trace took: rank counting or a sort.
+    orders = []  # Per call: (threshold asked, whether the ranks were counted) per trace.
     real_order = _rows.stable_order
     monkeypatch.setattr(_rows, "stable_order", lambda rows, *, small_max: orders[-1].add(
-        rows.shape[0] <= small_max) or real_order(rows, small_max=small_max))
+        (small_max, rows.shape[0] <= small_max)) or real_order(rows, small_max=small_max))
     results = []
     for small_max in (0, 10**9):
         orders.append(set())
@@ -94,10 +94,12 @@ def test_add_rank_order_and_sort_order_give_the_same_bits(request, monkeypatch, 
             )
         results.append(np.asarray(out))
     if n > 1:
-        # A sort, then rank counting. On a GPU the kernel's call also traces the XLA
-        # branch of lax.platform_dependent, which orders by its own threshold
-        # (small_combine_max), so the first call may count ranks there too.
-        assert False in orders[0] and orders[1] == {True}, orders
+        # The path under test sorted, then counted ranks. On a GPU the kernel's call
+        # also traces the XLA branch of lax.platform_dependent, which orders by its
+        # own threshold (small_combine_max): its traces ask another one.
+        path_orders = [{counted for asked, counted in call if asked == small_max}
+                       for call, small_max in zip(orders, (0, 10**9), strict=True)]
+        assert path_orders == [{False}, {True}], orders
     assert_same(results[0], results[1], what="rank order vs sort order")
     expected = x0.copy()
     keep = (idx >= -50) & (idx < 50)

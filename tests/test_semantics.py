@@ -280,3 +280,18 @@ def test_ops_under_x64_and_strict_dtype_promotion_give_jnps_result(op, backend):
             ref = jnp.asarray(x0).at[i]
             want = ref.get() if op == "get" else getattr(ref, op)(u)
             assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), (op, index)
+
+
+@pytest.mark.parametrize("check", ["debug_infs", "debug_nans"])
+def test_a_write_that_trips_a_nan_or_inf_check_keeps_its_buffer(check):
+    # JAX re-runs a call that made an inf (or NaN) de-optimized on the same inputs; a
+    # donated buffer would be gone by then (it was: "Array has been deleted", x lost).
+    x0 = np.zeros((8, 4), np.float32)
+    x0[6, 0] = np.inf if check == "debug_infs" else np.nan
+    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    x = jax.device_put(x0, pinned)
+    with getattr(jax, check)(True), pytest.raises(FloatingPointError):
+        pp.at(x)[jnp.array([1, 2])].add(jnp.ones((2, 4), jnp.float32))
+    assert not x.is_deleted()
+    assert np.asarray(x).tobytes() == x0.tobytes()
+    assert np.asarray(pp.at(x)[1].add(1.0))[1].tolist() == [1.0] * 4  # Usable after.
