@@ -110,13 +110,14 @@ class Thresholds:
     # atomics relaxed instead of acquire-release (kernels/relaxed_atomics.py:
     # no barrier before each, no wait for the old value; what XLA's own
     # scatter-add issues). Off: the H200 A/B (2026-12-05 14:12 UTC, docs/lab/
-    # relaxed_ab_h200_1410/, graphed loop, us per step, acquire-release /
-    # relaxed atomics) gave 1024 x 1 KiB 49.6 / 48.5, 4096 x 512 B 86.2 / 90.8,
-    # 16384 x 256 B 168.8 / 168.1, the sparse client 74.4 / 72.3 (71.9 at the
-    # defaults). Below 1024 rows, against the default read and store: 5 x 4 B
-    # 8.8 / 8.4, 64 x 1 KiB 10.2 / 11.1, 256 x 4 B 13.7 / 13.5, 256 x 1 KiB
-    # 16.4 / 17.6. Mixed, each way by up to 8 %; one call of 4 Mi x 4 B: add at
-    # 0.62x set's throughput relaxed, 0.64x by default (predicted >= 0.72x).
+    # relaxed_ab_h200_1410/, graphed loop, us per step). From 1024 rows,
+    # acquire-release / relaxed: 1024 x 1 KiB 49.6 / 48.5, 4096 x 512 B
+    # 86.2 / 90.8, 16384 x 256 B 168.8 / 168.1; the sparse client 74.4 / 72.3
+    # (read and store there: 71.9). Below 1024 rows, relaxed / the default read
+    # and store: 5 x 4 B 8.8 / 8.4, 64 x 1 KiB 10.2 / 11.1, 256 x 4 B 13.7 /
+    # 13.5, 256 x 1 KiB 16.4 / 17.6. Relaxed won by up to 8 % and lost by up to
+    # 5 %; one call of 4 Mi x 4 B: add at 0.62x set's throughput relaxed, 0.64x
+    # by default (predicted >= 0.72x).
     relaxed_atomics: bool = False
     # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices, jax.ds) is one
     # XLA copy (dynamic_update_slice / dynamic_slice, the very HLO of XLA's own formulation) for
