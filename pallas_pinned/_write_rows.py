@@ -136,6 +136,9 @@ def _combined(x2d, rows, updates2d, cfg: RowWrite, *, presorted: bool = False):
 
 
 def _kernel(x2d, rows, updates2d, *, cfg: RowWrite, backend: str):
+    # The one-launch kernels take raw rows and wrap negatives in the indices' own type,
+    # past normalize_rows: refuse rows that type cannot number here, for every path.
+    _rows.check_rows_addressable(x2d.shape[0])
     launch = _registry.kernels(backend)
     if cfg.op == "set":
         return _placement.place_result(_kernel_set(launch, x2d, rows, updates2d, cfg), x2d)
@@ -148,18 +151,11 @@ def _kernel(x2d, rows, updates2d, *, cfg: RowWrite, backend: str):
     return _placement.place_result(launch.set(x2d, rows, None, merged, check_bounds=True), x2d)
 
 
-def _raw_rows_fit(num_rows: int) -> bool:
-    """Whether the one-launch kernels can take raw rows for a buffer of ``num_rows`` rows:
-    they wrap a negative index by adding the row count in the indices' own type."""
-    return num_rows <= jnp.iinfo(_rows.index_dtype()).max
-
-
 def _kernel_set(launch, x2d, rows, updates2d, cfg: RowWrite):
     num_rows, num_updates = x2d.shape[0], updates2d.shape[0]
     limits = cfg.thresholds
     if (
         launch.set_fused is not None and num_updates <= limits.fused_max_updates
-        and _raw_rows_fit(num_rows)
     ):
         # Small batches: one launch that normalizes and de-duplicates by itself.
         # widen is a no-op for int32 (int64 with x64) indices.
@@ -194,7 +190,6 @@ def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
         atomic = {"atomic_write": True, "relaxed_atomics": cfg.thresholds.relaxed_atomics}
     if (
         launch.add_fused is not None and updates2d.shape[0] <= cfg.thresholds.fused_max_adds
-        and _raw_rows_fit(x2d.shape[0])
     ):
         # Small batches: one launch that normalizes and combines duplicates by itself.
         raw = _rows.widen(_placement.to_device_memory(rows))
