@@ -73,9 +73,14 @@ __all__ = [
 # The start of upstream's message; tests pin it, so a change upstream shows.
 PALLAS_TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
 
-warnings.filterwarnings(
-    "ignore", message=re.escape(PALLAS_TRITON_DEPRECATION), category=DeprecationWarning
-)
+
+def _ignore_upstreams_deprecation() -> None:
+    warnings.filterwarnings(
+        "ignore", message=re.escape(PALLAS_TRITON_DEPRECATION), category=DeprecationWarning
+    )
+
+
+_ignore_upstreams_deprecation()
 
 KERNEL_BACKENDS = ("pallas", "triton", "interpret")
 IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
@@ -126,9 +131,7 @@ def _without_upstreams_deprecation():
         yield
         return
     with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=re.escape(PALLAS_TRITON_DEPRECATION), category=DeprecationWarning
-        )
+        _ignore_upstreams_deprecation()
         yield
 
 
