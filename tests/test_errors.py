@@ -220,7 +220,6 @@ def test_add_updates_on_another_device():
     assert not x.is_deleted()
 
 
-
 @pytest.mark.parametrize("layout", ["one device", "replicated over a mesh"])
 def test_the_other_device_refusal_names_a_move_that_works(layout):
     if len(jax.devices()) < 2:
@@ -395,4 +394,3 @@ def test_fix_memory_space_names_what_it_takes():
     pp.scatter_to_host(x, 0, 1.0)  # Consumes x.
     with pytest.raises(ValueError, match="deleted"):
         pp.fix_memory_space(x)
-

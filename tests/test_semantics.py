@@ -272,14 +272,21 @@ def test_ops_under_x64_and_strict_dtype_promotion_give_jnps_result(op, backend):
     with jax.enable_x64(True), jax.numpy_dtype_promotion("strict"):
         x0 = np.arange(32, dtype=np.float32).reshape(8, 4)
         pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+
+        def ours(x, i, u):
+            at = pp.at(x)[i]
+            return at.get(backend=backend) if op == "get" else getattr(at, op)(u, backend=backend)
+
+        def theirs(x, i, u):
+            return x.at[i].get() if op == "get" else getattr(x.at[i], op)(u)
+
         for index in (np.array([1, 5, 1], np.int32), np.array([[0, 3], [6, -1]], np.int64)):
             i = jnp.asarray(index)
             u = jnp.full(index.shape + (4,), 2.0, jnp.float32)
-            at = pp.at(jax.device_put(x0, pinned))[i]
-            got = at.get(backend=backend) if op == "get" else getattr(at, op)(u, backend=backend)
-            ref = jnp.asarray(x0).at[i]
-            want = ref.get() if op == "get" else getattr(ref, op)(u)
-            assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), (op, index)
+            want = np.asarray(theirs(jnp.asarray(x0), i, u))
+            for call in (ours, jax.jit(ours)):  # Eagerly and under jit.
+                got = np.asarray(call(jax.device_put(x0, pinned), i, u))
+                assert got.tobytes() == want.tobytes(), (op, index, call)
 
 
 @pytest.mark.parametrize("check", ["debug_infs", "debug_nans"])
