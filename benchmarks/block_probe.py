@@ -10,8 +10,11 @@ the same run:
 * ``xla_dus``: XLA's best formulation, ``lax.dynamic_update_slice(x,
   device_put(y, Space.Host), (pos, 0))`` (the write) or ``dynamic_slice``
   then ``device_put`` to device (the read);
-* ``ours_promise``: ``at(x)[jax.ds(pos, n)].set(y, mode="promise_in_bounds")``:
-  our block copy, no validity check (what ``auto`` runs);
+* ``ours_promise``: ``at(x)[jax.ds(pos, n)].set(y, mode="promise_in_bounds")``,
+  what ``auto`` runs (since session 23 rows, known distinct: the kernel's or
+  XLA's own scatter, as the backend table picks; before, the block copy);
+* ``ours_copy``: the same with ``tuning.override(block_copy=True)``: our block
+  copy, no validity check;
 * ``ours_drop``: the same with jnp's default mode and
   ``tuning.override(block_copy=True)``: the block is read back and kept
   unchanged where it does not fit (one more copy of the block);
@@ -89,6 +92,7 @@ def _writers(n):
     return {
         "xla_dus": (xla_dus, False),
         "ours_promise": (ours("promise_in_bounds"), False),
+        "ours_copy": (ours("promise_in_bounds"), True),
         "ours_drop": (ours(None), True),
         "ours_rows": (ours("promise_in_bounds", _rows_backend()), False),
         "ours_wrap": (ours("wrap"), False),

@@ -175,6 +175,19 @@ class IndexPlan:
 
     # --- the "block" view -------------------------------------------------------
 
+    @property
+    def block_is_contiguous(self) -> bool:
+        """Whether a ``"block"`` plan's hyper-rectangle is one run of addresses:
+        past its leading axes of length 1, every axis but the first is taken whole
+        (``x[jax.ds(p, n)]``, ``x[i, p:q]``); ``kv[:, pos]`` is strided."""
+        by_axis = {item.axis: item for item in self.items if item.kind != "new"}
+        sizes = [
+            dim if by_axis.get(axis) is None else by_axis[axis].length(dim)
+            for axis, dim in enumerate(self.shape)
+        ]
+        lead = next((a for a, size in enumerate(sizes) if size != 1), len(sizes))
+        return all(sizes[a] == self.shape[a] for a in range(lead + 1, len(sizes)))
+
     def block_checked_at_run_time(self, mode: str | None, *, read: bool) -> bool:
         """Whether :meth:`block`'s ``ok`` is traced: a start known only at run time
         that a dropping or filling mode must check (a write then reads the block

@@ -119,10 +119,13 @@ def _write_copy(x, operands, updates, call: WriteCall):
         return _scalar_write(x, updates, call)
     # Index arrays may live in host memory; the row arithmetic runs on the device.
     operands = jax.tree.map(_placement.to_device_memory, operands)
-    # A set that needs no run-time check is one copy, XLA's own HLO, up to a
-    # size where kernel rows measured faster; see tuning.block_copy and block_rows_from.
+    # A set that needs no run-time check is one copy, XLA's own HLO, where its
+    # block is strided (a KV cache's slot) and smaller than block_rows_from rows;
+    # a contiguous block is rows at every size (measured faster; see tuning).
     one_copy = (
         call.op == "set"
+        and plan.kind == "block"
+        and not plan.block_is_contiguous
         and not plan.block_checked_at_run_time(call.mode, read=False)
         and plan.num_entries < call.thresholds.block_rows_from
     )

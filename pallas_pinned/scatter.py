@@ -25,9 +25,9 @@ def scatter_to_host(
 
     Built for ``x`` in ``pinned_host`` memory of a GPU: indices and updates
     stay in device memory and the data is written straight into the host
-    buffer, which is never copied. A contiguous block that needs no run-time
-    check, of fewer than ``tuning`` ``block_rows_from`` rows, is one copy
-    (XLA's asynchronous DMA); other blocks and index forms become rows that a
+    buffer, which is never copied. A strided block (``kv[:, pos]``) that needs
+    no run-time check, of fewer than ``tuning`` ``block_rows_from`` rows, is one
+    copy (XLA's asynchronous DMA); other blocks and index forms become rows that a
     kernel stores over PCIe (or XLA's own scatter, where the backend table
     measured it faster). Any other ``x`` (device memory, CPU-only JAX) gets
     the same semantics through XLA.

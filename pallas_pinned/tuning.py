@@ -147,6 +147,13 @@ class Thresholds:
     # 10.1 / 10.3 / 9.9, 13.4 / 14.1 / 14.0, 18.4 / 19.6 / 19.5; at XLA's defaults 7.6 / 8.1 /
     # 8.6, 11.5 / 11.0 / 12.5, 18.2 / 16.4 / 15.1, 18.6 / 19.7 / 19.1. Below 1024 rows neither
     # is ahead at every size (within 1.8 us, each way at some size): no case to move the switch.
+    # Since session 23 the switch applies to strided blocks only (a KV cache's slot, kv[:, pos]);
+    # a contiguous block is rows at every size. H100 graphed (2026-12-05, docs/lab/
+    # block_rows_ab_h100_1538 and block_rows_s23_h100_1547), the loop's 64 x 1 KiB block: the
+    # copy 15.7, rows 5.0-5.1 (XLA's own scatter on the distinct rows), Pallas rows 6.7-6.8, XLA's
+    # copy 15.6-15.9; the block probe at 64 / 128 / 256 / 512 rows, auto's rows against XLA's
+    # copy: 8.2 / 8.5, 9.4 / 9.7, 12.7 / 13.0, 15.4 / 17.9. The KV block (32 x 2 KiB bf16) as rows
+    # 7.1 against the copy's 6.4 and XLA's 6.2: strided blocks keep the copy.
     block_rows_from: int = 1024
     # False turns the locality sort off altogether (rows with duplicates are
     # still de-duplicated). For benchmarks that measure what sorting buys.

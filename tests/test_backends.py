@@ -345,9 +345,9 @@ def test_gpu_without_pallas_triton_auto_runs_raw_triton():
     assert report["ok"] and report["auto"] == "triton", report
 
 
-def test_auto_copies_small_blocks_and_writes_large_ones_as_rows(monkeypatch):
-    # tuning.block_rows_from rows and rows from there on (the copy is chosen, or not).
-    # tuning.block_rows_from rows and kernel rows from there on (measured faster).
+def test_auto_copies_small_strided_blocks_and_writes_contiguous_ones_as_rows(monkeypatch):
+    # A strided block set (a KV cache's slot) of fewer than tuning.block_rows_from rows is
+    # one copy, rows from there on; a contiguous block is rows at every size (measured faster).
     seen = []
     real_choose = _registry.choose
 
@@ -358,16 +358,24 @@ def test_auto_copies_small_blocks_and_writes_large_ones_as_rows(monkeypatch):
 
     monkeypatch.setattr(_registry, "choose", spy)
     host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
-    x0 = np.arange(4099 * 3, dtype=np.float32).reshape(4099, 3)  # No other test's shape.
-    for n, limit in ((64, None), (1024, None), (1024, 2048)):
+    flat = np.arange(4099 * 3, dtype=np.float32).reshape(4099, 3)  # No other test's shapes.
+    layered = np.arange(64 * 7 * 3, dtype=np.float32).reshape(64, 7, 3)
+    cases = (
+        (flat, lambda x: pp.at(x)[jax.ds(7, 64)], lambda x: x.at[jax.ds(7, 64)], None),
+        (flat, lambda x: pp.at(x)[jax.ds(7, 1024)], lambda x: x.at[jax.ds(7, 1024)], 2048),
+        (flat, lambda x: pp.at(x)[5, 1:3], lambda x: x.at[5, 1:3], None),
+        (layered, lambda x: pp.at(x)[:, 4], lambda x: x.at[:, 4], None),
+        (layered, lambda x: pp.at(x)[:, 4], lambda x: x.at[:, 4], 64),
+    )
+    for x0, ours, theirs, limit in cases:
         for jitted in (False, True):
             with tuning.override(**({} if limit is None else {"block_rows_from": limit})):
-                def write(x, n=n):
-                    return pp.at(x)[jax.ds(7, n)].set(-1.0, mode="clip")
+                def write(x, ours=ours):
+                    return ours(x).set(-1.0, mode="clip")
 
                 run = jax.jit(write, donate_argnums=0) if jitted else write
                 out = run(jax.device_put(x0, host))
-            expected = jnp.asarray(x0).at[jax.ds(7, n)].set(-1.0, mode="clip")
+            expected = theirs(jnp.asarray(x0)).set(-1.0, mode="clip")
             np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
     # The jitted call reuses the op traced by the eager one: one choice per case.
-    assert seen == [(64, True), (1024, False), (1024, True)]
+    assert seen == [(64, False), (1024, False), (2, False), (64, True), (64, False)]

@@ -184,3 +184,24 @@ def test_a_tuple_inside_the_index_is_a_sequence_of_positions_as_in_jnp(index):
         got = ref.get() if method == "get" else ref.set(-1.0)
         want = theirs.get() if method == "get" else theirs.set(-1.0)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize(
+    "shape, index, contiguous",
+    [
+        ((10, 8), jax.ds(2, 3), True),  # rows 2-4, whole
+        ((10, 8), (4, S(1, 5)), True),  # part of one row
+        ((10, 8), (4,), True),
+        ((4, 10, 8), (1, jax.ds(2, 3)), True),  # whole rows of one layer
+        ((4, 10, 8), (S(None), 3), False),  # one row of every layer: a KV slot
+        ((10, 8), (S(None), S(1, 5)), False),  # a column band
+        ((10, 8), (S(None), S(None)), True),
+        ((1, 10, 8), (S(None), 2), True),  # a leading axis of length 1
+    ],
+)
+def test_block_is_contiguous_says_whether_the_block_is_one_run(shape, index, contiguous):
+    from pallas_pinned import _index_parse
+
+    plan, _ = _index_parse.parse(index, shape)
+    assert plan.kind == "block"
+    assert plan.block_is_contiguous is contiguous

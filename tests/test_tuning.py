@@ -110,10 +110,10 @@ def test_a_users_jit_keeps_the_program_of_its_first_trace():
 
     pinned = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0], memory_kind="pinned_host")
     x = jax.device_put(np.zeros((16, 4), np.float32), pinned)
-    u = jnp.ones((4, 4), jnp.float32)
+    u = jnp.ones((16,), jnp.float32)
 
     def write(x, u):
-        return pp.at(x)[2:6].set(u)  # A block: one copy below block_rows_from rows.
+        return pp.at(x)[:, 1].set(u)  # A strided block: one copy below block_rows_from rows.
 
     def path(jitted):
         text = jitted.lower(x, u).as_text()
