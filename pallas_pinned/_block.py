@@ -1,4 +1,4 @@
-"""A contiguous block of the buffer as one copy: ``dynamic_update_slice`` / ``dynamic_slice``.
+"""A block of the buffer as one copy: ``dynamic_update_slice`` / ``dynamic_slice``.
 
 For a buffer in host memory this is XLA's own asynchronous DMA (the update is
 placed in host memory first, inside the jit, which is what XLA's host-offload

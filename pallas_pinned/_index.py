@@ -12,8 +12,9 @@ takes whole) become the row. Every form is one of three kinds:
   release, handed to the row kernels as they are (they wrap, check and
   de-duplicate the raw indices themselves);
 * ``"block"``: a hyper-rectangle (ints, step-1 slices, ``jax.ds``, ``None``;
-  no index arrays) — one copy: ``lax.dynamic_update_slice`` /
-  ``dynamic_slice``, XLA's asynchronous DMA for a host buffer;
+  no index arrays), contiguous (:attr:`IndexPlan.block_is_contiguous`) or
+  strided — one copy: ``lax.dynamic_update_slice`` / ``dynamic_slice``, XLA's
+  asynchronous DMA for a host buffer (or its rows, as dispatch decides);
 * ``"rows"``: everything else — integer arrays on several or inner axes,
   strided slices, rings. :meth:`IndexPlan.rows` computes the flat row
   numbers of the 2-D view on the device, each axis normalized by jnp's rules

@@ -119,11 +119,12 @@ class Thresholds:
     # 5 %; one call of 4 Mi x 4 B: add at 0.62x set's throughput relaxed, 0.64x
     # by default (predicted >= 0.72x).
     relaxed_atomics: bool = False
-    # backend="auto" on a host buffer: a contiguous block (ints, step-1 slices, jax.ds) is one
-    # XLA copy (dynamic_update_slice / dynamic_slice, the very HLO of XLA's own formulation) for
-    # every read, and for a set that needs no run-time check (mode "clip" or
-    # "promise_in_bounds", or static starts). A set whose traced start a dropping mode must
-    # check would have to read the block back first (one more transfer of it): rows serve it
+    # backend="auto" on a host buffer: a block (ints, step-1 slices, jax.ds) is one XLA copy
+    # (dynamic_update_slice / dynamic_slice, the very HLO of XLA's own formulation) for every
+    # read, and for a set of a strided block (kv[:, pos]) of fewer than block_rows_from rows that
+    # needs no run-time check (mode "clip" or "promise_in_bounds", or static starts); a
+    # contiguous block's set is rows (see block_rows_from). A set whose traced start a dropping
+    # mode must check would have to read the block back first (one more transfer): rows serve it
     # (the kernel's, or XLA's own scatter where backend_table.json picks it for rows known
     # distinct, as a block's are), and other writes too, unless this is True. Measured on the
     # H200 (benchmarks/results/block_probe_h200.json, 2026-12-03 13:57 UTC, us per step in a
