@@ -1,7 +1,7 @@
 """Contiguous blocks in a loop: the block copy against kernel rows and XLA's own copy.
 
     python -m benchmarks.block_probe [--quick] [--rows 64,256,1024] [--row-bytes 1024]
-        [--xla-option NAME=VALUE] [--out DIR]
+        [--dtype bfloat16] [--xla-option NAME=VALUE] [--out DIR]
 
 Per step of a donated ``lax.scan`` over a pinned_host buffer, a block of
 ``n`` rows is written at a moving position (or read from one). Variants, in
@@ -116,11 +116,11 @@ def _host(a):
                                                                memory_kind="pinned_host"))
 
 
-def run_case(num_rows, n, width, steps, repeats, compiler_options=None):
+def run_case(num_rows, n, width, steps, repeats, compiler_options=None, dtype="float32"):
     rng = np.random.default_rng(0)
     positions = jnp.asarray(rng.integers(0, num_rows - n, steps).astype(np.int32))
-    ys = jnp.asarray(rng.standard_normal((steps, n, width)).astype(np.float32))
-    x0 = np.zeros((num_rows, width), np.float32)
+    ys = jnp.asarray(rng.standard_normal((steps, n, width)), dtype)
+    x0 = np.zeros((num_rows, width), ys.dtype)
     results, finals, step_ops = {}, {}, {}
     for name, (write, block_copy) in _writers(n).items():
         def loop(x, write=write):
@@ -135,7 +135,7 @@ def run_case(num_rows, n, width, steps, repeats, compiler_options=None):
     for name, final in finals.items():
         if not np.array_equal(final, finals["xla_dus"]):
             raise AssertionError(f"{name} wrote a different buffer than xla_dus")
-    source = rng.standard_normal((num_rows, width)).astype(np.float32)
+    source = np.asarray(jnp.asarray(rng.standard_normal((num_rows, width)), dtype))
     x = _host(source)
     # The rows each step must read, in order: a reader is checked on every row it
     # returned, bit for bit (a sum would pass rows read in the wrong order).
@@ -145,7 +145,8 @@ def run_case(num_rows, n, width, steps, repeats, compiler_options=None):
             return lax.scan(lambda c, p: (c, read(x, p)), 0, positions)[1]
 
         def loop(x, read=read):  # Timed: each step's rows summed, as in the committed runs.
-            return lax.scan(lambda c, p: (c + read(x, p).sum(), None), 0.0, positions)[0]
+            return lax.scan(lambda c, p: (c + read(x, p).sum(dtype=jnp.float32), None), 0.0,
+                            positions)[0]
 
         with tuning.override(block_copy=block_copy):
             if not np.array_equal(np.asarray(jax.jit(rows_read)(x)), expected):
@@ -153,8 +154,8 @@ def run_case(num_rows, n, width, steps, repeats, compiler_options=None):
             step = jax.jit(loop).lower(x).compile(compiler_options)
             out, seconds = time_calls(lambda s, x, f=step: f(x), None, x, repeats=repeats)
         # float32 sums in another order: within a bound set by the magnitudes summed.
-        tolerance = 1e-5 * float(np.abs(expected).sum(dtype=np.float64))
-        if abs(float(out) - float(expected.sum(dtype=np.float64))) > tolerance:
+        tolerance = 1e-5 * float(np.abs(expected.astype(np.float64)).sum())
+        if abs(float(out) - float(expected.astype(np.float64).sum())) > tolerance:
             raise AssertionError(f"{name}'s timed program summed {float(out)}, not the rows'")
         results[name] = [s / steps * 1e6 for s in seconds]
     return results, step_ops
@@ -165,6 +166,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke test)")
     parser.add_argument("--rows", default=None, help="block sizes, e.g. 64,256,1024")
     parser.add_argument("--row-bytes", type=int, default=1024, help="with --rows")
+    parser.add_argument("--dtype", default="float32", help="the buffer's dtype, e.g. bfloat16")
     parser.add_argument("--out", default=None)
     environment.add_xla_option(parser)
     args = parser.parse_args(argv)
@@ -174,21 +176,24 @@ def main(argv=None):
         cases, steps, repeats, buffer_bytes = (
             [(64, 256), (1024, 256), (16384, 64)], 100, 5, 1 << 30
         )
+    itemsize = np.dtype(jnp.dtype(args.dtype)).itemsize
     if args.rows:
-        cases = [(int(n), args.row_bytes // 4) for n in args.rows.split(",")]
+        cases = [(int(n), args.row_bytes // itemsize) for n in args.rows.split(",")]
     records = []
     print(f"{'rows x bytes':>14} " + " ".join(f"{k:>22}" for k in
           list(_writers(1)) + list(_readers(1))) + "   (us per step, median [min–max])")
     for n, width in cases:
-        num_rows = buffer_bytes // (width * 4)
-        res, step_ops = run_case(num_rows, n, width, steps, repeats, args.compiler_options)
+        num_rows = buffer_bytes // (width * itemsize)
+        res, step_ops = run_case(num_rows, n, width, steps, repeats, args.compiler_options,
+                                 args.dtype)
         med = {k: statistics.median(v) for k, v in res.items()}
         same = step_ops["ours_promise"] == step_ops["xla_dus"]
-        records.append({"n": n, "row_bytes": width * 4, "us": res, "median_us": med,
+        records.append({"n": n, "row_bytes": width * itemsize, "dtype": args.dtype,
+                        "us": res, "median_us": med,
                         "min_us": {k: min(v) for k, v in res.items()},
                         "max_us": {k: max(v) for k, v in res.items()},
                         "step_ops": step_ops, "promise_same_step_ops_as_xla_dus": same})
-        print(f"{n:>7} x {width * 4:>4} " + " ".join(
+        print(f"{n:>7} x {width * itemsize:>4} " + " ".join(
             f"{f'{med[k]:.1f}' + report.span(min(res[k]), max(res[k]), '.1f'):>22}"
             for k in med))
         print(f"    ours_promise's compiled step launches what xla_dus's does: {same} "

@@ -242,6 +242,15 @@ def test_block_probe_runs_the_sizes_asked_with_the_xla_options(tmp_path):
     assert f"{med:.1f} [{low:.1f}–{high:.1f}]" in done.stdout
 
 
+def test_block_probe_runs_bfloat16_blocks_of_the_row_bytes_asked(tmp_path):
+    done = run_cli(["benchmarks.block_probe", "--quick", "--rows", "8", "--row-bytes", "256",
+                    "--dtype", "bfloat16", "--out", str(tmp_path)], timeout=300)
+    assert done.returncode == 0, explain(done)
+    (record,) = json.loads((tmp_path / "block_probe.json").read_text())["records"]
+    assert (record["n"], record["row_bytes"], record["dtype"]) == (8, 256, "bfloat16")
+    assert {"xla_dus", "ours_promise", "ours_copy", "ours_rows"} <= set(record["us"])
+
+
 def test_block_probe_checks_each_row_a_reader_returned(monkeypatch):
     # Rows read in the wrong order sum the same: the probe compares the rows themselves.
     import jax.numpy as jnp
