@@ -274,9 +274,10 @@ def _item(
         # one is its positions, each clipped, filled or dropped on its own: any
         # size is jnp's too.
         if size < 0 or stride < 1 or (stride == 1 and size > dim):
-            raise ValueError(
-                f"jax.ds(start, {size}, {stride}) does not fit axis {axis} of length {dim}"
-            )
+            fix = "; wrap more positions than the axis has with the index array (start + " \
+                "jnp.arange(size)) % length" if wrap and size > dim > 0 else ""
+            raise ValueError(f"jax.ds(start, {size}, {stride}) does not fit axis {axis} "
+                             f"of length {dim}{fix}")
         if not _is_array(it.start):
             start = _static_int(it.start, "a ds start")
             return Item("ds", axis, value=start % wrap_dim if wrap_dim else start,

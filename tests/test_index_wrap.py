@@ -152,3 +152,18 @@ def test_a_strided_window_past_its_cycle_on_a_mesh_keeps_the_last_write(spec):
     got = pp.at(x)[jax.ds(4, 16, 9)].set(jnp.asarray(updates), mode="wrap")
     want = _apply_in_order(a, _window(4, 16, 9, dim=8), updates, "set")
     np.testing.assert_array_equal(read(got), want)
+
+
+def test_a_wrapped_window_longer_than_its_axis_is_refused_naming_the_index_array():
+    x = put(X0)
+    with pytest.raises(ValueError, match=r"does not fit axis 0 of length 5; wrap more "
+                       r"positions than the axis has with the index array"):
+        pp.at(x)[jax.ds(3, N + 2)].set(1.0, mode="wrap")
+    assert not x.is_deleted()
+    np.testing.assert_array_equal(read(x), X0)
+    # The fix the message names: later duplicates win, as with any index array.
+    rows = (3 + jnp.arange(N + 2)) % N
+    values = jnp.arange(N + 2, dtype=jnp.float32)
+    expected = X0.copy()
+    expected[np.asarray(rows)] = np.asarray(values)  # numpy assigns the last duplicate.
+    np.testing.assert_array_equal(read(pp.at(x)[rows].set(values, mode="wrap")), expected)
