@@ -102,16 +102,21 @@ def run(args) -> bool:
     for shard in x.addressable_shards:  # This process's shards only.
         ok &= np.array_equal(np.asarray(shard.data), want_x[shard.index])
     ok &= np.array_equal(np.asarray(samples.addressable_data(0)), want_samples)
+    lines = [f"process {jax.process_index()}: {'OK' if ok else 'MISMATCH'}"]
     if jax.process_index() == 0:
         d, b, w = len(devices), batch_total, args.width * 4
-        print(f"{jax.process_count()} process(es), {d} {devices[0].platform} devices, "
-              f"{num_rows} rows x {w} B in pinned_host, {args.steps} steps of {b} new rows, "
-              f"{b} adds, {b} samples")
         # The cost model of pallas_pinned._sharded_route (all-gather routing), per step:
         routed = (d - 1) / d * (2 * b * (4 + w) + b * 4) + 2 * (d - 1) / d * b * w
-        print(f"routed per device and step: ~{routed / 1024:.1f} KiB "
-              "(the model, for inputs that start sharded; not measured)")
-    print(f"process {jax.process_index()}: {'OK' if ok else 'MISMATCH'}", flush=True)
+        lines[:0] = [
+            f"{jax.process_count()} process(es), {d} {devices[0].platform} devices, "
+            f"{num_rows} rows x {w} B in pinned_host, {args.steps} steps of {b} new rows, "
+            f"{b} adds, {b} samples",
+            f"routed per device and step: ~{routed / 1024:.1f} KiB "
+            "(the model, for inputs that start sharded; not measured)",
+        ]
+    # One write per process, so that the processes' lines do not run together.
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), ("\n".join(lines) + "\n").encode())
     return bool(ok)
 
 
