@@ -270,9 +270,8 @@ def _item(
         return Item("slice", axis, static=it.indices(dim))
     if _is_ds(it):
         size, stride = _static_int(it.size, "a ds size"), _static_int(it.stride, "a ds stride")
-        # A window longer than its axis is refused, as jnp refuses it. A strided
-        # one is its positions, each clipped, filled or dropped on its own: any
-        # size is jnp's too.
+        # A window longer than its axis is refused, as jnp refuses it. A strided one is
+        # its positions, each clipped, filled or dropped on its own: any size is jnp's too.
         if size < 0 or stride < 1 or (stride == 1 and size > dim):
             fix = "; wrap more positions than the axis has with the index array (start + " \
                 "jnp.arange(size)) % length" if wrap and size > dim > 0 else ""
