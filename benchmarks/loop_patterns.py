@@ -110,7 +110,9 @@ class PatternCase:
 # H200 sizes: a 1 GiB ring of 1 KiB rows written 1024 rows at a time; an
 # 8.5-block ring that wraps; a bf16 KV cache of 32 layers x 4096 tokens x
 # (8 heads x 128) (256 MiB); 64 sequences x 4096 tokens x 1024 bf16 (512 MiB);
-# contiguous blocks of 64 x 1 KiB and 1024 x 1 KiB (the block probe's sizes).
+# contiguous blocks of 64 x 1 KiB and 1024 x 1 KiB (the block probe's sizes), and of
+# 64 and 1024 x 2 KiB in bfloat16 (since session 23: the backend table has no bfloat16
+# classes, so these blocks' rows are the kernel's).
 GPU_PATTERNS = (
     PatternCase("ring", (1 << 20, 256), "float32", 1024),
     PatternCase("ring_wrap", (8 * 1024 + 512, 256), "float32", 1024),
@@ -118,6 +120,8 @@ GPU_PATTERNS = (
     PatternCase("decode", (64, 4096, 1024), "bfloat16", 64),
     PatternCase("block", (1 << 20, 256), "float32", 64),
     PatternCase("block", (1 << 19, 256), "float32", 1024),
+    PatternCase("block", (1 << 19, 1024), "bfloat16", 64),
+    PatternCase("block", (1 << 19, 1024), "bfloat16", 1024),
     PatternCase("kv_block", (32, 4096, 1024), "bfloat16", 32),
 )
 CPU_PATTERNS = (
@@ -126,6 +130,7 @@ CPU_PATTERNS = (
     PatternCase("kv", (4, 32, 16), "bfloat16", 4),
     PatternCase("decode", (8, 32, 16), "float32", 8),
     PatternCase("block", (256, 16), "float32", 16),
+    PatternCase("block", (256, 32), "bfloat16", 16),
     PatternCase("kv_block", (4, 32, 16), "bfloat16", 4),
 )
 
