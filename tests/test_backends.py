@@ -377,5 +377,7 @@ def test_auto_copies_small_strided_blocks_and_writes_contiguous_ones_as_rows(mon
                 out = run(jax.device_put(x0, host))
             expected = theirs(jnp.asarray(x0)).set(-1.0, mode="clip")
             np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
-    # The jitted call reuses the op traced by the eager one: one choice per case.
-    assert seen == [(64, False), (1024, False), (2, False), (64, True), (64, False)]
+    # The jitted call reuses the op traced by the eager one where the index has no int; an
+    # eager int in range is passed as a value (_front._positions_as_values), a second trace.
+    assert seen == [(64, False), (1024, False), (2, False), (2, False), (64, True), (64, True),
+                    (64, False), (64, False)]

@@ -188,8 +188,11 @@ def test_a_process_compiles_its_first_call_once(backend, where):
     assert lines[1:] == ["1 []", "2 []"], lines
 
 
-def test_a_jax_scalar_position_compiles_once_where_a_python_int_compiles_per_value(caplog):
-    # The README's way around the static index's compile per value, outside jit.
+def test_an_eager_position_compiles_once_whether_a_jax_scalar_or_an_in_range_python_int(
+    caplog,
+):
+    # Outside jit, an in-range Python int is passed as a value (_front._positions_as_values);
+    # out of range, or a static slice's bounds, it stays part of the program.
     x = put(np.zeros((64, 2), np.float32))
     y = jnp.ones(2, jnp.float32)
 
@@ -204,5 +207,59 @@ def test_a_jax_scalar_position_compiles_once_where_a_python_int_compiles_per_val
 
     compiles_over([jnp.int32(40)])  # the first call of the signature compiles
     assert compiles_over([jnp.int32(k) for k in (41, 42, 43)]) == 0
-    assert compiles_over([51, 52, 53]) == 3
-    assert np.asarray(x)[[40, 41, 42, 43, 51, 52, 53]].tolist() == [[1.0, 1.0]] * 7
+    assert compiles_over([51, 52, 53]) == 0
+    assert compiles_over([-1, -2]) == 2  # Negative: static, as jnp wraps it at trace time.
+    assert np.asarray(x)[[40, 41, 42, 43, 51, 52, 53, 63, 62]].tolist() == [[1.0, 1.0]] * 9
+
+
+GRID = np.arange(4 * 5 * 3, dtype=np.float32).reshape(4, 5, 3) - 20.5
+LIFT_INDICES = {  # index: how many of its ints are passed as values (in range, >= 0)
+    0: 1, 3: 1, 4: 0, -1: 0, 7: 0, (1, 2): 2, (3, 4, 2): 3, (1, slice(1, 4)): 1,
+    (slice(None), 2): 1, (Ellipsis, 2): 1, (2, Ellipsis): 1, (None, 1, None, 4): 2,
+    (1, Ellipsis, 0): 2, (slice(0, 2), 4, slice(None)): 1, (5, 1): 1, (1, 5): 1, (0, -5): 1,
+    (np.int64(2), np.uint8(1)): 2, np.int32(-2): 0,
+}
+
+
+@pytest.mark.parametrize("mode", [None, "clip", "drop", "fill", "promise_in_bounds"])
+@pytest.mark.parametrize("index", list(LIFT_INDICES), ids=repr)
+def test_eager_positions_passed_as_values_give_jnps_results(index, mode):
+    # In range, each int becomes a 0-d array (_front._positions_as_values); out of range or
+    # negative it stays static. Either way every op and the read give jnp's result.
+    lifted = _front._positions_as_values(put(GRID), index)
+    items = lifted if isinstance(lifted, tuple) else (lifted,)
+    assert sum(isinstance(it, jax.Array) for it in items) == LIFT_INDICES[index]
+    want_get = jnp.asarray(GRID).at[index].get(
+        mode=mode, **({"fill_value": -1.0} if mode == "fill" else {}))
+    out_of_range = repr(index) in {repr(i) for i in (4, 7, (5, 1), (1, 5))}
+    if mode != "promise_in_bounds" or not out_of_range:
+        got = pp.at(put(GRID))[index].get(
+            mode=mode, **({"fill_value": -1.0} if mode == "fill" else {}))
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want_get))
+    if mode == "fill":
+        return  # A read-only mode.
+    updates = jnp.full(want_get.shape, 2.5, jnp.float32)
+    for op in ("set", "add", "min", "max", "multiply"):
+        if mode == "promise_in_bounds" and out_of_range:
+            continue  # Out of range under a promise: undefined.
+        want = getattr(jnp.asarray(GRID).at[index], op)(updates, mode=mode)
+        got = getattr(pp.at(put(GRID))[index], op)(updates, mode=mode)
+        np.testing.assert_array_equal(read(got), np.asarray(want), err_msg=op)
+
+
+def test_positions_stay_static_inside_a_trace():
+    seen = []
+
+    def write(x, u):
+        seen.append(_front._positions_as_values(x, (1, 2), u))
+        return pp.at(x)[1, 2].set(u)
+
+    x = jax.jit(write, donate_argnums=0)(put(GRID), jnp.ones(3, jnp.float32))
+    assert seen == [(1, 2)]  # x is a tracer there: a user's jit compiles its positions once.
+    want = GRID.copy()
+    want[1, 2] = 1.0
+    np.testing.assert_array_equal(read(x), want)
+    # Concrete x with traced updates (a closed-over buffer): static too.
+    concrete = put(GRID)
+    jax.jit(lambda u: seen.append(_front._positions_as_values(concrete, 3, u)))(1.0)
+    assert seen[-1] == 3
