@@ -137,11 +137,12 @@ def _positions_as_values(x: Any, index: Any, updates: Any = None) -> Any:
     mode and op (jnp's semantics differ only out of range, and beside a strided
     ``jax.ds``, which this leaves static): one program then serves every value.
     Inside a trace (``x`` or ``updates`` a tracer) nothing changes: a user's jit
-    compiles its static positions once anyway.
+    compiles its static positions once anyway. Under a transfer guard neither: the
+    value would be a host-to-device transfer the static int never made.
     """
     items = index if isinstance(index, tuple) else (index,)
     if (not _placement.is_concrete(x) or isinstance(updates, jax.core.Tracer)
-            or not any(_is_int(it) for it in items)):
+            or not any(_is_int(it) for it in items) or _transfers_guarded()):
         return index
     if not all(_is_int(it) or it is None or it is Ellipsis or _unit_static_slice(it)
                for it in items) or sum(it is Ellipsis for it in items) > 1:
@@ -159,6 +160,11 @@ def _positions_as_values(x: Any, index: Any, updates: Any = None) -> Any:
             axis += 1
         lifted.append(it)
     return tuple(lifted) if isinstance(index, tuple) else lifted[0]
+
+
+def _transfers_guarded() -> bool:
+    return any(level not in (None, "allow") for level in (
+        jax.config.jax_transfer_guard, jax.config.jax_transfer_guard_host_to_device))
 
 
 def _is_int(it: Any) -> bool:

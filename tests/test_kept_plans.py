@@ -263,3 +263,18 @@ def test_positions_stay_static_inside_a_trace():
     concrete = put(GRID)
     jax.jit(lambda u: seen.append(_front._positions_as_values(concrete, 3, u)))(1.0)
     assert seen[-1] == 3
+
+
+@pytest.mark.parametrize("guard", [jax.transfer_guard, jax.transfer_guard_host_to_device])
+def test_under_a_transfer_guard_positions_stay_static(guard):
+    # Passing the int as a value would be a host-to-device transfer the call never made.
+    x = put(GRID)
+    u = jnp.full((5, 3), 1.5, jnp.float32)
+    with guard("disallow"):
+        assert _front._positions_as_values(x, 2, u) == 2
+        x = pp.at(x)[2].set(u)
+        got = pp.at(x)[2].get()
+    want = GRID.copy()
+    want[2] = 1.5
+    np.testing.assert_array_equal(read(x), want)
+    np.testing.assert_array_equal(np.asarray(got), want[2])
