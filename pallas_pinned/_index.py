@@ -177,15 +177,20 @@ class IndexPlan:
     # --- the "block" view -------------------------------------------------------
 
     @property
+    def block_sizes(self) -> tuple[int, ...]:
+        """A ``"block"`` plan's hyper-rectangle: its static size on each axis of the buffer."""
+        by_axis = {item.axis: item for item in self.items if item.kind != "new"}
+        return tuple(
+            dim if by_axis.get(axis) is None else by_axis[axis].length(dim)
+            for axis, dim in enumerate(self.shape)
+        )
+
+    @property
     def block_is_contiguous(self) -> bool:
         """Whether a ``"block"`` plan's hyper-rectangle is one run of addresses:
         past its leading axes of length 1, every axis but the first is taken whole
         (``x[jax.ds(p, n)]``, ``x[i, p:q]``); ``kv[:, pos]`` is strided."""
-        by_axis = {item.axis: item for item in self.items if item.kind != "new"}
-        sizes = [
-            dim if by_axis.get(axis) is None else by_axis[axis].length(dim)
-            for axis, dim in enumerate(self.shape)
-        ]
+        sizes = self.block_sizes
         lead = next((a for a, size in enumerate(sizes) if size != 1), len(sizes))
         return all(sizes[a] == self.shape[a] for a in range(lead + 1, len(sizes)))
 
@@ -211,18 +216,15 @@ class IndexPlan:
         a traced bool.
         """
         wide = index_dtype()
-        starts, sizes, ok = [], [], True
+        starts, sizes, ok = [], self.block_sizes, True
         by_axis = {item.axis: item for item in self.items if item.kind != "new"}
-        for axis, dim in enumerate(self.shape):
+        for axis, (dim, size) in enumerate(zip(self.shape, sizes, strict=True)):
             item = by_axis.get(axis)
             if item is None or item.kind == "slice":
                 starts.append(0 if item is None else item.static[0])
-                sizes.append(dim if item is None else item.length(dim))
                 continue
-            size = item.length(dim) if item.kind == "ds" else 1
             if item.kind == "ds" and size == dim and mode != "wrap":
                 starts.append(0)  # As long as its axis: the start is ignored (see _positions).
-                sizes.append(size)
                 continue
             static = item.operand is None
             xp = _PY if static else jnp
@@ -241,8 +243,7 @@ class IndexPlan:
                 if _block_checked(mode, read):
                     ok = ok & (start >= 0) & (start <= dim - size)
             starts.append(xp.clip(start, 0, dim - size))
-            sizes.append(size)
-        return tuple(starts), tuple(sizes), ok
+        return tuple(starts), sizes, ok
 
 
 class _PY:
