@@ -96,7 +96,9 @@ class PatternCase:
 
     @property
     def name(self) -> str:
-        return f"{self.op}{list(self.shape)}-{self.dtype}".replace(" ", "")
+        # The rows per step are part of the name: two cases may share a buffer's shape
+        # (the bfloat16 blocks of 64 and 1024 rows), and reports key records by name.
+        return f"{self.op}{list(self.shape)}x{self.rows}-{self.dtype}".replace(" ", "")
 
     @property
     def row_bytes(self) -> int:

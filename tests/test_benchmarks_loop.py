@@ -195,6 +195,15 @@ def test_the_ring_case_wraps_and_the_others_do_not_repeat_rows():
         assert wraps == (case.op == "ring_wrap"), case  # the contiguous ring never straddles
 
 
+def test_every_pattern_case_has_a_name_of_its_own():
+    # The report keys records by case name: two cases of one name would print one's
+    # figures under the other's rows (session 24 found the bfloat16 blocks of 64 and
+    # 1024 rows sharing one).
+    for patterns in (loop_patterns.GPU_PATTERNS, loop_patterns.CPU_PATTERNS):
+        names = [case.name for case in patterns]
+        assert len(set(names)) == len(names), names
+
+
 def test_loop_gpu_plan_runs_the_targets_first_within_budget():
     args = loop.parse_args(["--cpu"])
     args.steps = args.runs = args.buffer_gib = args.time_budget_s = None
