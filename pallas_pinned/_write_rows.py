@@ -188,9 +188,10 @@ def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
         updates2d.shape[0] >= cfg.thresholds.atomic_add_from
     ):
         atomic = {"atomic_write": True, "relaxed_atomics": cfg.thresholds.relaxed_atomics}
-    if (
-        launch.add_fused is not None and updates2d.shape[0] <= cfg.thresholds.fused_max_adds
-    ):
+    fused_max = cfg.thresholds.fused_max_adds
+    if not cfg.unique:  # Hot rows make the one launch's duplicate sums long (tuning says).
+        fused_max = min(fused_max, cfg.thresholds.fused_max_unpromised_adds)
+    if launch.add_fused is not None and updates2d.shape[0] <= fused_max:
         # Small batches: one launch that normalizes and combines duplicates by itself.
         raw = _rows.widen(_placement.to_device_memory(rows))
         return launch.add_fused(

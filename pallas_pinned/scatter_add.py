@@ -29,9 +29,10 @@ def scatter_add_to_host(
     and writes it back into the host buffer, which is never copied (a
     contiguous block too, as rows known distinct; with ``tuning``
     ``block_copy`` it is one read and one copy back). Pallas sums them in the
-    kernel, in entry order: small batches (up to ``tuning`` ``fused_max_adds``
-    updates) in one launch that finds the duplicates itself, larger ones in
-    one launch over the runs of a stable sort. Raw Triton and XLA sum them on
+    kernel, in entry order: small batches (up to ``tuning``
+    ``fused_max_unpromised_adds`` updates, or ``fused_max_adds`` for rows known
+    distinct) in one launch that finds the duplicates itself, larger ones in
+    one launch over the runs of a stable order. Raw Triton and XLA sum them on
     the device first (a stable order and a segmented scan). Any other ``x``
     gets the same arithmetic through XLA.
 

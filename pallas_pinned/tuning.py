@@ -79,6 +79,19 @@ class Thresholds:
     # 19.9, XLA's own add 22.1 / 13.4 / 12.3 / 14.6. 1024 is set's reasoning
     # (its fused path serves 4096), measured in the loop benchmark's add rows.
     fused_max_adds: int = 1024
+    # scatter_add_to_host (Pallas): an add whose rows may repeat (not promised or known
+    # distinct) takes that one launch only up to this many updates; beyond, its rows are put
+    # in a stable order first and one launch sums the runs. In the one launch the owner of a
+    # repeated row sums its later duplicates itself, one sub-chunk after another, so a hot row
+    # makes one program long. H200 A/B, 2026-12-05 18:12 UTC (docs/lab/fused_add_dups_ab.sh,
+    # graphed, us per step, 1024 / 64 here, two runs each): the sparse client on Zipf ids
+    # at 1024 ids a step 96.5, 97.2 / 34.7, 34.7 and at 256 ids 37.9, 34.5 / 21.9, 21.6; on
+    # uniform ids at 256, 22.3, 17.2 / 25.0, 23.0; the loop's distinct rows, unpromised add,
+    # 256 x 4 B 8.4, 8.9 / 15.1, 15.1, 256 x 1 KiB 14.8, 16.6 / 20.9, 19.4, 1024 x 1 KiB
+    # 41.5, 41.7 / 45.3, 45.2, 1024 x 4 B 18.6, 19.5 / 17.8, 16.7. (At 4096 ids, H100, the
+    # one launch took the client from 70 to 350 us.) Rows that repeat cost the one launch
+    # 13-62 us there; distinct rows cost the ordered runs 4-7 us.
+    fused_max_unpromised_adds: int = 64
     # scatter_add_to_host (Pallas), beyond fused_max_adds: duplicates are summed
     # by the kernel over the runs of a stable order (one launch after it), in
     # entry order, instead of by XLA's segmented scan (log2(n) passes over the

@@ -71,7 +71,7 @@ def test_add_dtypes_and_modes(rng, backend, dtype, mode):
 
 # The Pallas family's ways of summing duplicates, as the thresholds select them.
 ADD_PATHS = {
-    "one_launch": {"fused_max_adds": 4096},
+    "one_launch": {"fused_max_adds": 4096, "fused_max_unpromised_adds": 4096},
     "sorted_runs": {"fused_max_adds": 0},
     "sorted_runs_xla_sort": {"fused_max_adds": 0, "runs_rank_max": 0},
     "segmented_scan": {"fused_max_adds": 0, "add_runs_in_kernel": False},
