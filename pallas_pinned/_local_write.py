@@ -202,8 +202,11 @@ def transpose_to_updates(picked: jax.Array, updates: jax.Array) -> jax.Array:
 def _vmap_message(op_name: str) -> str:
     return (
         f"{op_name} does not support jax.vmap: it updates one buffer in place. Fold a batch "
-        f"of index/update sets into one call, {op_name}(x, indices.reshape(-1), "
-        "updates.reshape((-1,) + x.shape[1:])) (for set, later sets win), or loop over "
+        "of index/update sets into one call: for row indices on axis 0, "
+        f"{op_name}(x, indices.reshape(-1), updates.reshape((-1,) + x.shape[1:])); for an "
+        "index on another axis, put the batch into that axis's index and move the updates' "
+        "batch axis there too (at(kv)[:, positions].set(jnp.moveaxis(updates, 0, 1))); for "
+        "set, later entries win. Or loop over "
         "buffers with lax.fori_loop / lax.scan. (jax.jacfwd and jax.hessian vmap a jvp: "
         "take a Jacobian with respect to updates in reverse mode, jax.jacrev)"
     )
@@ -215,13 +218,13 @@ def _grad_message(op: str, what: str) -> str:
         return (
             f"{op_name} is not differentiable with respect to the buffer x: its cotangent "
             "would be a second buffer of x's full size. Differentiate with respect to updates "
-            "only. If x comes from an earlier write of differentiated updates (in the same "
+            "only: wrap x in jax.lax.stop_gradient where no gradient should flow through the "
+            "buffer. If x comes from an earlier write of differentiated updates (in the same "
             "function, or in an earlier step of a lax.scan or fori_loop that carries the "
             "buffer), make the two one call: concatenate their indices and their updates "
             "(for set, later entries win); in a loop, collect the differentiated rows on the "
-            "device and write them once after it. jax.lax.stop_gradient(x) would drop the "
-            "earlier updates' gradient. Wrap x in it where no gradient should flow through "
-            "the buffer"
+            "device and write them once after it (there jax.lax.stop_gradient(x) would drop "
+            "the earlier updates' gradient)"
         )
     return (
         f"{op_name} is not differentiable with respect to updates (only set and add are). "

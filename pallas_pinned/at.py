@@ -24,12 +24,18 @@ class _IndexedBuffer:
         self._buffer = buffer
         self._index = index
 
-    def _write(self, op: str, values: Any, mode=None, unique_indices=False,
-               indices_are_sorted=False, backend="auto") -> jax.Array:
-        return _front.write(
-            op, self._buffer, self._index, values, mode=mode, unique_indices=unique_indices,
-            indices_are_sorted=indices_are_sorted, backend=backend,
-        )
+    def _write(self, op: str, values: Any, **kwargs: Any) -> jax.Array:
+        settings = dict(mode=None, unique_indices=False, indices_are_sorted=False,
+                        backend="auto")
+        unknown = sorted(set(kwargs) - set(settings))
+        if unknown:
+            # Named for the user's call, not this private method's.
+            method = {"sub": "subtract", "mul": "multiply"}.get(op, op)
+            raise TypeError(
+                f"at(x)[...].{method}() got an unexpected keyword argument {unknown[0]!r}; "
+                f"it takes {', '.join(settings)}"
+            )
+        return _front.write(op, self._buffer, self._index, values, **{**settings, **kwargs})
 
     def get(self, *, mode=None, fill_value=None, indices_are_sorted=False,
             unique_indices=False, backend="auto") -> jax.Array:

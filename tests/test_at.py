@@ -86,6 +86,18 @@ def test_set_and_add_consume_x_get_keeps_it(rng):
     assert x.is_deleted()
 
 
+@pytest.mark.parametrize("method", ["set", "add", "subtract", "min", "max", "multiply"])
+def test_a_misspelt_keyword_is_named_for_the_users_method_and_x_is_kept(rng, method):
+    x0 = make_values(rng, (6, 2), "float32")
+    x = put(x0)
+    with pytest.raises(TypeError, match=rf"at\(x\)\[\.\.\.\]\.{method}\(\) got an "
+                       r"unexpected keyword argument 'unique_indice'; it takes mode, "
+                       r"unique_indices"):
+        getattr(at(x)[1], method)(1.0, unique_indice=True)
+    assert not x.is_deleted()
+    np.testing.assert_array_equal(read(x), x0)
+
+
 def test_under_jit_with_donation(rng):
     x0 = _quarters(rng, (8, 4))
 

@@ -87,6 +87,21 @@ def test_vmap_is_refused_with_the_alternative():
         jax.vmap(lambda i: pp.scatter_to_host(x, i, 1.0))(jnp.array([[1], [2]]))
 
 
+def test_vmap_over_an_inner_axis_names_the_fold_that_works():
+    # A KV-cache write at a batch of positions: the message's fold for an index on another
+    # axis (the batch into that axis's index, the updates' batch axis moved there) gives what
+    # jnp's writes one position at a time give.
+    kv0 = np.arange(120, dtype=np.float32).reshape(4, 10, 3)
+    positions, updates = jnp.array([1, 7]), -jnp.arange(24.0, dtype=jnp.float32).reshape(2, 4, 3)
+    with pytest.raises(NotImplementedError, match=r"jnp\.moveaxis\(updates, 0, 1\)"):
+        jax.vmap(lambda p, u: pp.at(put(kv0))[:, p].set(u))(positions, updates)
+    folded = pp.at(put(kv0))[:, positions].set(jnp.moveaxis(updates, 0, 1))
+    want = jnp.asarray(kv0)
+    for p, u in zip(positions, updates, strict=True):
+        want = want.at[:, p].set(u)
+    np.testing.assert_array_equal(read(folded), np.asarray(want))
+
+
 @pytest.mark.parametrize("loop", ["scan", "fori_loop"])
 @pytest.mark.parametrize("jitted", [False, True])
 def test_grad_through_a_loop_that_carries_the_buffer_names_the_write_after_it(loop, jitted):
