@@ -7,6 +7,8 @@
 #                             .venv-jt04 (jax-triton 0.4.1 + triton >= 3.7)
 # Both create .venv with Python 3.12 (pyenv reads .python-version) and install
 # the package with its test extra. PYTHON=/path/to/python3.12 overrides.
+# PALLAS_PINNED_EXTRAS picks the extras (default "test": CPU-only jax); on a GPU
+# machine PALLAS_PINNED_EXTRAS=test,cuda,triton gives jax's CUDA plugin and the kernels.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -31,11 +33,13 @@ setup() {
     fi
     "$py" -m venv .venv
   fi
-  # Reinstall only when the project's metadata changed since the last install.
-  if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
+  # Reinstall only when the project's metadata or the extras changed since the last install.
+  local extras=${PALLAS_PINNED_EXTRAS:-test}
+  if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ] \
+      || [ "$(cat .venv/.installed)" != "$extras" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[test]"
-    touch .venv/.installed
+    .venv/bin/python -m pip install -q -e ".[$extras]"
+    echo "$extras" > .venv/.installed
   fi
 }
 

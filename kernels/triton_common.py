@@ -27,7 +27,7 @@ ignores, and as the output: the same memory); 0.4 passes it once, a
 Either way the result is declared in device memory; callers ``device_put`` it
 to the host space (:func:`launch`).
 
-Install with ``pip install "pallas-pinned[triton]"`` (jax-triton 0.3.1, triton
+Install with ``pip install -e ".[triton]"`` (jax-triton 0.3.1, triton
 3.6). Combinations, and where they were tested:
 
 * jax-triton 0.3.1 + triton 3.6.0, jax 0.11.2: launched on an H200 (GPU tests).
@@ -65,7 +65,7 @@ from .triton_tiling import (  # Re-exported: the kernel modules import them from
     tiling_for_tile_bytes,
 )
 
-INSTALL_HINT = 'pip install "pallas-pinned[triton]"'
+INSTALL_HINT = 'pip install -e ".[triton]"'
 # The jax-triton release series whose triton_call conventions launch() speaks.
 JAX_TRITON_SERIES = ((0, 3), (0, 4))
 

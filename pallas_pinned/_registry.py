@@ -348,7 +348,7 @@ def _without_pallas_triton() -> str | None:
     warnings.warn(
         "Pallas's Triton backend is unavailable in this jax and jax-triton cannot launch; "
         "pallas_pinned's backend='auto' falls back to XLA, which is much slower for host "
-        'buffers. pip install "pallas-pinned[triton]" restores the kernel path',
+        'buffers. pip install -e ".[triton]" (in the clone) restores the kernel path',
         RuntimeWarning,
         stacklevel=2,
     )

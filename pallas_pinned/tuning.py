@@ -90,9 +90,10 @@ class Thresholds:
     # 256 x 4 B 8.4, 8.9 / 15.1, 15.1, 256 x 1 KiB 14.8, 16.6 / 20.9, 19.4, 1024 x 1 KiB
     # 41.5, 41.7 / 45.3, 45.2, 1024 x 4 B 18.6, 19.5 / 17.8, 16.7. (At 4096 ids, H100, the
     # one launch took the client from 70 to 350 us.) Rows that repeat cost the one launch
-    # 13-62 us there; distinct rows cost the ordered runs 4-7 us.
+    # 13-62 us there; distinct rows cost the ordered runs up to 7 us (case means 3.6-6.4).
     fused_max_unpromised_adds: int = 64
-    # scatter_add_to_host (Pallas), beyond fused_max_adds: duplicates are summed
+    # scatter_add_to_host (Pallas), beyond the one launch (fused_max_unpromised_adds for rows
+    # that may repeat): duplicates are summed
     # by the kernel over the runs of a stable order (one launch after it), in
     # entry order, instead of by XLA's segmented scan (log2(n) passes over the
     # updates) before the launch. The scan took 72.4 of the 85.2 us of the

@@ -109,7 +109,7 @@ def in_place_jit(function, on_host: bool):
 # Skip reasons naming a dependency that the [test] extra installs: tests
 # skipped for them in CI mean the extra is broken (conftest fails such a run).
 TRITON_MISSING = "triton is not installed"
-TRITON_EXTRA_MISSING = "needs pallas-pinned[triton]"
+TRITON_EXTRA_MISSING = "needs the triton extra (pip install -e \".[triton]\")"
 JAX_TRITON_MISSING = "jax-triton is not installed"
 NOTEBOOK_PACKAGES_MISSING = "the notebook packages of the [test] extra are not installed"
 EXTRA_SKIP_REASONS = (

@@ -152,7 +152,7 @@ def test_auto_survives_an_accelerated_deprecation():
         assert report["auto"] in (None, "triton"), report
     if report["auto"] is None:
         # Said once, with what to install.
-        said = [w for w in report["warnings"] if "pallas-pinned[triton]" in w]
+        said = [w for w in report["warnings"] if "pip install -e \".[triton]\"" in w]
         assert len(said) == 1, report
 
 
@@ -333,7 +333,7 @@ def test_without_pallas_triton_the_package_imports_and_works():
         assert any("raw Triton kernels" in w for w in report["warnings"]), report
     else:
         assert report["auto"] is None, report
-        said = [w for w in report["warnings"] if "pallas-pinned[triton]" in w]
+        said = [w for w in report["warnings"] if "pip install -e \".[triton]\"" in w]
         assert len(said) == 1, report
 
 

@@ -337,6 +337,8 @@ def test_add_hlo_updates_the_host_buffer_in_place(n):
     operands = re.search(r"custom-call\(([^)]*)\)", calls[0]).group(1).split(", ")
     position = operands.index(param.group(1))
     assert f"output_to_operand_aliasing={{{{}}: ({position}, {{}})}}" in calls[0], calls[0]
+    kernel = {50: "rows_fused", 100: "sorted_runs"}[n]
+    assert f'name = "pallas_pinned_scatter_add_{kernel}"' in calls[0], calls[0]
     assert not re.search(r"f32\[4096,64\]\{[^}]*\}\s+copy\(", hlo), "the buffer was copied"
     assert "host-compute" not in hlo.lower()
 

@@ -350,7 +350,7 @@ def test_add_is_deterministic_and_backends_agree(rng):
 
     scan = ADD_PATHS["segmented_scan"]
     like_xla = [run("xla"), run("xla"), run("interpret", **scan), run("interpret", **scan)]
-    fused = [run("interpret"), run("interpret")]
+    fused = [run("interpret", **ADD_PATHS["one_launch"]) for _ in range(2)]
     runs = [run("interpret", **ADD_PATHS["sorted_runs"]) for _ in range(2)]
     for group in (like_xla, fused, runs):
         for other in group[1:]:

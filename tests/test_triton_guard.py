@@ -35,7 +35,7 @@ if _NO_TRITON is None:
     from pallas_pinned.kernels import triton_common as tc
 
 needs_triton = pytest.mark.skipif(_NO_TRITON is not None, reason=_NO_TRITON or "")
-_HINT = re.escape('pip install "pallas-pinned[triton]"')
+_HINT = re.escape('pip install -e ".[triton]"')
 _KERNEL_MODULES = (  # Those that import triton first; triton_tiling, which does not, last.
     "triton_common", "scatter_triton", "gather_triton", "scatter_add_triton", "triton_aot",
     "triton_tiling",

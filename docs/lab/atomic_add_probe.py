@@ -265,8 +265,11 @@ def fused_part(options, rng, sizes):
     _adds(options, rng, sizes, {
         "xla_add": lambda x, r, u: x.at[r].add(u, mode="drop"),
         "runs": pp.scatter_add_to_host,
-        "fused_4k": _with_limits(pp.scatter_add_to_host, fused_max_adds=4096),
-        "fused_16k": _with_limits(pp.scatter_add_to_host, fused_max_adds=16384),
+        # Since session 24 rows that may repeat need fused_max_unpromised_adds raised too.
+        "fused_4k": _with_limits(pp.scatter_add_to_host, fused_max_adds=4096,
+                                 fused_max_unpromised_adds=4096),
+        "fused_16k": _with_limits(pp.scatter_add_to_host, fused_max_adds=16384,
+                                  fused_max_unpromised_adds=16384),
     }, cases=((4096, 512), (16384, 256)), ours="runs", not_sparse=("fused_16k",))
 
 

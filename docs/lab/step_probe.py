@@ -204,7 +204,8 @@ def sparse(num_rows: int = 8 << 20, dim: int = 64, batch: int = 4096, steps: int
 ADD_PATHS = {
     "sorted_runs": {},
     "segmented_scan": {"add_runs_in_kernel": False},
-    "one_launch": {"fused_max_adds": 1 << 20},
+    # Since session 24 rows that may repeat need fused_max_unpromised_adds raised too.
+    "one_launch": {"fused_max_adds": 1 << 20, "fused_max_unpromised_adds": 1 << 20},
 }
 
 
