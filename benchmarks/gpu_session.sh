@@ -2,10 +2,11 @@
 # One batched GPU session: install, GPU tests, benchmarks, notebooks; logs to $OUT.
 # Usage (on the H200, from the repository root, so that `python3 -m benchmarks.*` resolves):
 #   bash benchmarks/gpu_session.sh "tests loop sparse"      # or "tests quick full notebooks"
-# Stages: tests quick full demo gatheradd loop loopgraphs loopmat xlapath sparse tune notebooks
+# Stages: tests quick full demo gatheradd loop loopgraphs loopmat xlapath sparse sparsesizes tune notebooks
 # Rough times (each stage's timeout in brackets): tests <= 5.5 min [330 s], quick ~2 [420 s],
 # full ~6 [420 s], demo < 1 [200 s], gatheradd ~1 [200 s], loop ~5 [420 s],
 # loopgraphs ~3 [420 s], loopmat ~2 [300 s], xlapath ~3 [570 s], sparse ~1 [240 s],
+# sparsesizes ~3 [6 x 60 s],
 # tune ~3 [360 s], notebooks ~2 [200 s each]. The sum of the timeouts of "tests loop sparse"
 # is 16.5 min; of every stage ~73 min (more than one 30-minute lease).
 # Where one command may run 10 min at most, split the stages over calls whose timeouts fit:
@@ -112,6 +113,20 @@ for stage in $stages; do
       timeout 240 python3 -m benchmarks.sparse_training ${SPARSE_ARGS:-} --out "$OUT" \
         > "$OUT/bench_sparse.log" 2>&1; echo "sparse rc=$?"
       tail -12 "$OUT/bench_sparse.log" ;;
+    sparsesizes)
+      # The sparse client graphed at smaller batches, on Zipf ids (they repeat) and on uniform
+      # ones: the loop grid's rows never repeat, so only these show what repeated ids cost a
+      # path (session 24: the one-launch add took 97 us at 1024 Zipf ids where the ordered
+      # runs took 35, docs/PERFORMANCE.md "The one launch on repeated ids").
+      for batch in 64 256 1024; do
+        for zipf in 1.1 0; do
+          log "bench sparse training graphed, $batch ids a step, zipf $zipf"
+          timeout 60 python3 -m benchmarks.sparse_training --batch $batch --zipf-s $zipf \
+            --xla-option xla_gpu_graph_min_graph_size=1 --out "$OUT/sparse_${batch}_$zipf" \
+            > "$OUT/sparse_${batch}_$zipf.log" 2>&1; echo "sparse $batch $zipf rc=$?"
+          grep -E "^(device|ours|ours_sorted|xla|transfer) " "$OUT/sparse_${batch}_$zipf.log"
+        done
+      done ;;
     tune)
       log "bench tune"
       timeout 360 python3 -m benchmarks.tune --out /tmp/bench_tune \
