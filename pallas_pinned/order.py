@@ -33,10 +33,9 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
 
     The result is the same as with ``ids`` themselves: bit for bit where the
     add sums each row's run of a stable order (more than the smaller of
-    ``tuning.current().fused_max_unpromised_adds`` and ``fused_max_adds`` entries,
-    on the kernels); up to
-    that the kernels' one-launch add groups its sums by position, so the last bits
-    of a row with repeated ids may differ. Up to
+    ``tuning.current().fused_max_unpromised_adds`` and ``fused_max_adds``
+    entries, on the kernels); up to that the kernels' one-launch add groups its
+    sums by position, so the last bits of a row with repeated ids may differ. Up to
     ``tuning.current().runs_rank_max`` entries the order is counted as ranks
     (an ``n x n`` comparison XLA fuses), beyond by XLA's stable sort: the add's
     own way, so sharing it never costs more than the add alone. On the H200
