@@ -8,10 +8,11 @@
 # loopgraphs ~3 [420 s], loopmat ~2 [300 s], xlapath ~3 [570 s], sparse ~1 [240 s],
 # sparsesizes ~3 [6 x 60 s],
 # tune ~3 [360 s], notebooks ~2 [200 s each]. The sum of the timeouts of "tests loop sparse"
-# is 16.5 min; of every stage ~73 min (more than one 30-minute lease).
+# is 16.5 min; of every stage ~81 min (more than one 30-minute lease).
 # Where one command may run 10 min at most, split the stages over calls whose timeouts fit:
 #   "tests sparse" (9.5 min), "loop" (7), "loopgraphs" (7), "loopmat sparse" (9), "full" (7),
-#   "quick" (7), "gatheradd demo" (6.7), "xlapath" (9.5), "tune" (6), "notebooks" (10).
+#   "quick" (7), "gatheradd demo" (6.7), "xlapath" (9.5), "sparsesizes" (6), "tune" (6),
+#   "notebooks" (10).
 # LOOP_ARGS (default "--backends pallas,triton", gather included) is passed to the loop stage
 # and to loopgraphs, which also gives every scan xla_gpu_graph_min_graph_size=1 (the step's
 # kernels as one CUDA graph, as a real step's are: the run benchmarks.choose_backends
