@@ -46,8 +46,8 @@ def gather_from_host(
         ``x.dtype`` as jnp does. Default: NaN for floats, the minimum of
         signed and the maximum of unsigned integers, True for bool.
         Ignored in the other modes, as in jnp.
-      indices_are_sorted: promise that the positions ascend (skips the sort
-        that coalesces reads). Only speed depends on it.
+      indices_are_sorted: promise that the positions ascend, after negative indices wrap
+        (skips the sort that coalesces reads). Only speed depends on it.
       unique_indices: accepted for parity with jnp; a read does not need it.
       backend: as for :func:`scatter_to_host`.
 

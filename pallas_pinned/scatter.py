@@ -53,7 +53,8 @@ def scatter_to_host(
         know); and ours, ``"wrap"``: every index modulo its axis, so a ring
         insert is ``at(x)[jax.ds(pos, n)].set(y, mode="wrap")``.
       unique_indices: promise that no position repeats (skips de-duplication).
-      indices_are_sorted: promise that the positions ascend (skips the sort).
+      indices_are_sorted: promise that the positions ascend, after negative indices
+        wrap (skips the sort); ``sort_indices`` gives such an order.
       backend: ``"auto"`` (on a host buffer of a CUDA GPU, the copy above
         for such a block, else what the backend table measured fastest: a
         kernel, or XLA's own scatter of the rows; XLA otherwise), ``"pallas"`` (the
