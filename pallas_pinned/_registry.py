@@ -93,6 +93,7 @@ IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
 _FAMILIES = {
     "pallas": {
         "set": "scatter_pallas", "add": "scatter_add_pallas", "get": "gather_pallas",
+        "order": "order_pallas",
     },
     "triton": {
         "set": "scatter_triton", "add": "scatter_add_triton", "get": "gather_triton",
@@ -174,7 +175,8 @@ def raw_triton_usable() -> bool:
 def kernels(backend: str) -> types.SimpleNamespace:
     """The launchers of one kernel family, by op and path (None where the family has none).
 
-    ``set``, ``set_fused``, ``add``, ``add_fused``, ``add_sorted``, ``get``, and
+    ``set``, ``set_fused``, ``add``, ``add_fused``, ``add_sorted``, ``order`` (a stable
+    order of row numbers), ``get``, and
     ``atomic_write_allowed(dtype, acc_dtype)``: whether the family's adds take
     ``atomic_write=True`` for such a buffer.
 
@@ -192,6 +194,7 @@ def kernels(backend: str) -> types.SimpleNamespace:
             add=modules["add"].scatter_add_rows_triton,
             add_fused=None,
             add_sorted=None,
+            order=None,
             get=modules["get"].gather_rows_triton,
             atomic_write_allowed=lambda dtype, acc_dtype: False,
         )
@@ -201,6 +204,7 @@ def kernels(backend: str) -> types.SimpleNamespace:
         add=functools.partial(modules["add"].scatter_add_rows, **interpret),
         add_fused=functools.partial(modules["add"].scatter_add_rows_fused, **interpret),
         add_sorted=functools.partial(modules["add"].scatter_add_sorted_runs, **interpret),
+        order=functools.partial(modules["order"].stable_order, **interpret),
         get=functools.partial(modules["get"].gather_rows, **interpret),
         atomic_write_allowed=modules["add"].atomic_write_allowed,
     )

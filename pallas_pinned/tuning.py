@@ -106,6 +106,26 @@ class Thresholds:
     # UTC 19.4 / 14.3 (1 Ki), 44.2 / 22.7 (4 Ki), 51.5 / 38.0 (8 Ki), 60.7 / 155.0
     # (16 Ki); 16:40 UTC 22.2 / 14.9, 45.8 / 19.9, 54.0 / 41.6 (16 Ki not rerun).
     runs_rank_max: int = 8192
+    # scatter_add_to_host (Pallas), on that path: up to this many entries the stable order is
+    # formed by one Pallas kernel (kernels/order_pallas.py: each entry counts its rank and is
+    # stored there) instead of XLA's ops (the rank count, the permutation's scatter, the sorted
+    # rows' gather, a copy: about five launches); 0 leaves it to XLA. Predicted from the H100
+    # loop grid (2026-12-05 19:05 UTC, graphed, the unpromised add against the same add
+    # promised distinct, which orders nothing: 256 x 4 B 15.5 / 9.0, 1024 x 1 KiB 44.5 / 35.4):
+    # about 4 us of the gap back. H200 A/B, 19:18 UTC (docs/lab/order_kernel_ab.sh, A XLA's
+    # ops, B the kernel's first tiling, runs A B B A, us per step): the loop's unpromised add
+    # 256 x 4 B 16.9, 15.3 / 13.4, 13.5 and 256 x 1 KiB 19.4, 19.5 / 18.9, 17.7; but 1024 x 4 B
+    # 17.1, 17.2 / 22.4, 24.0, 1024 x 1 KiB 46.2, 45.7 / 51.7, 50.7, 4096 x 4 B 31.1, 30.5 /
+    # 59.4, 60.0, and the sparse client at 4096 Zipf ids 66.6, 70.1 / 95.9, 101.5: 16 serial
+    # steps of a 64 x 256 comparison per program. The kernel now has 4-16 entries per program
+    # and chunks of 1 Ki. H100 A/B of that tiling, 19:25 UTC (docs/lab/order_kernel_tiling_ab.sh,
+    # A 0, B 8192): 256 x 4 B 15.5, 15.5 / 12.4, 11.6; 256 x 1 KiB 20.0, 19.8 / 16.1, 15.7;
+    # 1024 x 4 B 17.6, 16.3 / 14.5, 13.8; 1024 x 1 KiB 44.8, 44.3 / 41.4, 41.1; 4096 x 4 B
+    # 33.6, 31.6 / 31.8, 29.2; 4096 x 1 KiB 138.3, 138.2 / 135.7, 133.6; the client at 4096
+    # Zipf ids 68.0, 69.2 / 64.1, 64.7 and at 1024 27.0, 29.9 / 26.8, 23.9. The rule written
+    # before the run (both B runs beat both A runs, there and at every smaller size) holds up to
+    # 1024; at 4096 x 4 B one B run (31.8) lost to one A run (31.6) by 0.2.
+    order_kernel_max: int = 1024
     # scatter_add_to_host (Pallas), float32 summed in float32: from this many
     # updates on, each row's owner adds its total with one atomic add instead
     # of reading the row and storing the sum (the same bits). Pallas's atomics

@@ -28,6 +28,7 @@ BUFFER = S((1 << 16, 128), jnp.float32)
 
 def _kernels():
     from pallas_pinned.kernels import gather_pallas as gp
+    from pallas_pinned.kernels import order_pallas as op
     from pallas_pinned.kernels import scatter_add_pallas as ap
     from pallas_pinned.kernels import scatter_pallas as sp
 
@@ -40,6 +41,7 @@ def _kernels():
             raw, raw_updates,
         ),
         "gather_rows": (lambda x, r: gp.gather_rows(x, r), rows),
+        "stable_order": (lambda x, r: op.stable_order(r), rows),
     }
     owner_writes = {"": {}, "_atomic": {"atomic_write": True},
                     "_relaxed": {"atomic_write": True, "relaxed_atomics": True}}

@@ -88,7 +88,8 @@ def test_add_rank_order_and_sort_order_give_the_same_bits(request, monkeypatch, 
     results = []
     for small_max in (0, 10**9):
         orders.append(set())
-        with tuning.override(fused_max_adds=0, **settings, **{threshold: small_max}):
+        with tuning.override(fused_max_adds=0, order_kernel_max=0, **settings,
+                             **{threshold: small_max}):
             out = pp.scatter_add_to_host(
                 _host(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend
             )
@@ -101,6 +102,40 @@ def test_add_rank_order_and_sort_order_give_the_same_bits(request, monkeypatch, 
                        for call, small_max in zip(orders, (0, 10**9), strict=True)]
         assert path_orders == [{False}, {True}], orders
     assert_same(results[0], results[1], what="rank order vs sort order")
+    expected = x0.copy()
+    keep = (idx >= -50) & (idx < 50)
+    np.add.at(expected, np.where(idx[keep] < 0, idx[keep] + 50, idx[keep]), upd[keep])
+    np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("n", [65, 700, 3000])
+def test_add_order_kernel_gives_xlas_order_bits(request, monkeypatch, backend, n):
+    # The runs path's stable order formed by the Pallas kernel (one launch) or by XLA's
+    # ops: the same permutation, so the same sums. Many duplicates, negatives, dropped rows.
+    rng = _rng(request)
+    x0 = rng.standard_normal((50, 3)).astype(np.float32)
+    idx = rng.integers(-60, 60, n).astype(np.int32)
+    upd = rng.standard_normal((n, 3)).astype(np.float32)
+    xla_orders = []
+    real_order = _rows.stable_order
+    monkeypatch.setattr(_rows, "stable_order", lambda rows, *, small_max: xla_orders.append(
+        rows.shape[0]) or real_order(rows, small_max=small_max))
+    results = []
+    for kernel_max in (10**9, 0):
+        xla_orders.clear()
+        with tuning.override(fused_max_adds=0, order_kernel_max=kernel_max):
+            out = pp.scatter_add_to_host(
+                _host(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend
+            )
+        results.append(np.asarray(out))
+        # On a GPU the call also traces the XLA branch of lax.platform_dependent, which
+        # orders with XLA's ops at its own threshold: only the kernel's arm is checked.
+        if kernel_max == 0:
+            assert xla_orders, "order_kernel_max=0 must leave the order to XLA"
+        elif backend == "interpret":
+            assert not xla_orders, "the order kernel must form the order"
+    assert_same(results[0], results[1], what="order kernel vs XLA's order")
     expected = x0.copy()
     keep = (idx >= -50) & (idx < 50)
     np.add.at(expected, np.where(idx[keep] < 0, idx[keep] + 50, idx[keep]), upd[keep])

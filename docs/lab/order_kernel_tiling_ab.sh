@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 25, second A/B of the order kernel (kernels/order_pallas.py). The first
+# (docs/lab/order_kernel_ab.sh, H200 19:18 UTC) had 64 entries per program and chunks of 256:
+# it won 2-3.5 us per step at 256 updates and lost 5-7 at 1024, 29 at 4096 (16 serial steps
+# of a 64 x 256 comparison per program), so order_kernel_max became 256. This tiling has 4-16
+# entries per program (about 128 programs or more) and chunks of up to 1 Ki: 1, 1 and 4
+# serial steps at 256, 1024 and 4096 updates. The GPU suite runs first with the kernel at
+# every size (order_kernel_max=8192). A is order_kernel_max=0 (XLA's ops), B 8192, A B B A.
+# Prediction, written before the run: B at or below the first tiling's 13.5 us at 256 x 4 B;
+# B ahead of A by about 2 us at 1024 rows; at 4096 rows B ahead by a few us, and the sparse
+# client at 4096 Zipf ids by a few us (A took 66-70 there). Rule: order_kernel_max becomes the
+# largest measured size (256, 1024, 4096; 8192 if the client at 4096 wins too) at which both B
+# runs beat both A runs, there and at every smaller size.
+set -uo pipefail
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+mkdir -p "$OUT"
+bash benchmarks/gpu_session.sh nostage > "$OUT/install.log" 2>&1
+export PYTHONPATH=/tmp/site
+{ date -u; PALLAS_PINNED_TUNING=order_kernel_max=8192 timeout 200 python3 -m pytest tests -m gpu \
+    -q -p no:cacheprovider -n 8 --timeout 150 2>&1 | tail -8; } > "$OUT/gpu_tests.log" 2>&1
+G="--xla-option xla_gpu_graph_min_graph_size=1"
+for name in A1 B1 B2 A2; do
+  case $name in A*) tuning="order_kernel_max=0" ;; B*) tuning="order_kernel_max=8192" ;; esac
+  mkdir -p "$OUT/$name"
+  { date -u; PALLAS_PINNED_TUNING=$tuning timeout 50 python3 -m benchmarks.loop --rows 256,1024,4096 \
+      --row-bytes 4,1024 --backends pallas --patterns none --providers baseline,xla_add,ours_add \
+      $G --no-plots --time-budget-s 40 --out "$OUT/$name/loop"; echo "rc=$?"; } > "$OUT/$name/loop.log" 2>&1
+  for run in "4096 1.1" "1024 1.1"; do
+    set -- $run
+    { date -u; PALLAS_PINNED_TUNING=$tuning timeout 40 python3 -m benchmarks.sparse_training $G \
+        --batch $1 --zipf-s $2 --out "$OUT/$name/sparse_$1_$2"; echo "rc=$?"; } \
+      > "$OUT/$name/sparse_$1_$2.log" 2>&1
+  done
+done
+date -u
