@@ -27,8 +27,8 @@ __all__ = ["order_tiling", "stable_order", "stable_order_kernel"]
 # The tiling. Entries per program: few, so that even a small batch spreads over
 # many programs (each program's rank count is a serial loop over the chunks);
 # entries compared per loop step: up to 1 Ki. The first tiling tried (64 entries
-# per program, chunks of 256) won 2-3.5 us per step at 256 updates on the H200
-# but lost 5-7 at 1024 and 29 at 4096 (docs/lab/order_kernel_ab_h200_1205_1918/):
+# per program, chunks of 256) won 1.2-2.7 us per step (case means) at 256 updates on
+# the H200 but lost 5-7 at 1024 and 29 at 4096 (docs/lab/order_kernel_ab_h200_1205_1918/):
 # 16 serial steps of a 64 x 256 comparison each.
 _MAX_BLOCK = 16
 _MIN_BLOCK = 4
@@ -36,7 +36,8 @@ _MAX_CHUNK = 1024
 
 
 def order_tiling(num_entries: int) -> tuple[int, int, int]:
-    """``(block, chunk, num_warps)`` for ``num_entries`` entries: about 128 programs or more."""
+    """``(block, chunk, num_warps)`` for ``num_entries`` entries: 128 programs or more from
+    512 entries on, 4 entries a program below."""
     n = next_pow2(max(num_entries, 1))
     block = min(n, max(_MIN_BLOCK, min(_MAX_BLOCK, n // 128)))
     chunk = min(n, _MAX_CHUNK)
@@ -58,7 +59,10 @@ def stable_order_kernel(rows_ref, sorted_ref, perm_ref, *, num_entries: int, blo
         before = (other[None, :] < mine[:, None]) | (
             (other[None, :] == mine[:, None]) & (j[None, :] < k[:, None])
         )
-        return rank + jnp.sum((before & j_ok[None, :]).astype(jnp.int32), axis=1)
+        # int32 whatever the rows' type: under x64 a plain sum would be int64 and
+        # change the loop's carry type.
+        return rank + jnp.sum((before & j_ok[None, :]).astype(jnp.int32), axis=1,
+                              dtype=jnp.int32)
 
     num_chunks = pl.cdiv(num_entries, chunk)
     rank = for_chunks(0, num_chunks, num_chunks, count_chunk, jnp.zeros((block,), jnp.int32))

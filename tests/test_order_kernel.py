@@ -2,7 +2,8 @@
 
 The add of rows that may repeat sums the runs of this order (tests/test_paths.py
 checks the sums); here the order itself, on fresh random rows with many ties,
-negatives and the skip marker, at sizes around its block and chunk (64, 256).
+negatives and the skip marker, at sizes around its tiling's steps (4-16 entries
+a program, chunks of up to 1 Ki: one chunk up to 1024 entries, a loop beyond).
 Outputs are fresh arrays: a permutation equal to the sort's shows that every
 element was stored exactly once.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import zlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,7 +22,7 @@ BACKENDS = ["interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 256, 257, 1000, 3000])
+@pytest.mark.parametrize("n", [1, 2, 5, 63, 64, 65, 256, 257, 1000, 1024, 1025, 3000])
 @pytest.mark.parametrize("spread", ["few rows", "distinct-ish", "wide"])
 def test_stable_order_matches_a_stable_sort(request, backend, n, spread):
     from pallas_pinned.kernels import order_pallas
@@ -35,3 +37,32 @@ def test_stable_order_matches_a_stable_sort(request, backend, n, spread):
     np.testing.assert_array_equal(np.asarray(perm), np.asarray(want_perm))
     np.testing.assert_array_equal(np.asarray(ordered), np.asarray(want_ordered))
     assert ordered.dtype == rows.dtype and perm.dtype == jnp.int32
+
+
+def _check(rows, backend):
+    from pallas_pinned.kernels import order_pallas
+
+    ordered, perm = order_pallas.stable_order(rows, interpret=backend == "interpret")
+    n = rows.shape[0]
+    want_ordered, want_perm = lax.sort((rows, lax.iota(jnp.int32, n)), num_keys=1,
+                                       is_stable=True)
+    np.testing.assert_array_equal(np.asarray(perm), np.asarray(want_perm))
+    np.testing.assert_array_equal(np.asarray(ordered), np.asarray(want_ordered))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rows", [[0, 0, 0, 0, 1], [1, 0, 0, 0, 0], [5, 5, 5, 5, 5, 5, 5, -1, 9]])
+def test_the_last_programs_lanes_past_the_batch_store_nothing(backend, rows):
+    # The last program has lanes past the batch; a real entry of it takes a rank that
+    # such a lane would also compute if it were not sent past the end.
+    _check(jnp.asarray(rows, jnp.int32), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [1000, 3000])
+def test_int64_rows_under_x64(request, backend, n):
+    # Under x64 the add's rows are int64; the rank count stays int32 over the chunk loop.
+    rng = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+    with jax.enable_x64(True):
+        rows = jnp.asarray(rng.integers(-2**40, 2**40, n) // 2**30, jnp.int64)
+        _check(rows, backend)

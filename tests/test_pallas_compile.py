@@ -41,7 +41,8 @@ def _kernels():
             raw, raw_updates,
         ),
         "gather_rows": (lambda x, r: gp.gather_rows(x, r), rows),
-        "stable_order": (lambda x, r: op.stable_order(r), rows),
+        "stable_order": (lambda x, r: op.stable_order(r), rows),  # the chunk loop
+        "stable_order_one_chunk": (lambda x, r: op.stable_order(r), S((1024,), jnp.int32)),
     }
     owner_writes = {"": {}, "_atomic": {"atomic_write": True},
                     "_relaxed": {"atomic_write": True, "relaxed_atomics": True}}
