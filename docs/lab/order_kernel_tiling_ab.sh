@@ -11,6 +11,8 @@
 # client at 4096 Zipf ids by a few us (A took 66-70 there). Rule: order_kernel_max becomes the
 # largest measured size (256, 1024, 4096; 8192 if the client at 4096 wins too) at which both B
 # runs beat both A runs, there and at every smaller size.
+# Other arms: A_TUNING and B_TUNING (PALLAS_PINNED_TUNING values), e.g. A_TUNING=order_kernel_max=1024
+# B_TUNING=order_kernel_max=4096 to settle the limit at 4096 (GPU_RUNS's plan).
 set -uo pipefail
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 mkdir -p "$OUT"
@@ -20,7 +22,7 @@ export PYTHONPATH=/tmp/site
     -q -p no:cacheprovider -n 8 --timeout 150 2>&1 | tail -8; } > "$OUT/gpu_tests.log" 2>&1
 G="--xla-option xla_gpu_graph_min_graph_size=1"
 for name in A1 B1 B2 A2; do
-  case $name in A*) tuning="order_kernel_max=0" ;; B*) tuning="order_kernel_max=8192" ;; esac
+  case $name in A*) tuning=${A_TUNING:-order_kernel_max=0} ;; B*) tuning=${B_TUNING:-order_kernel_max=8192} ;; esac
   mkdir -p "$OUT/$name"
   { date -u; PALLAS_PINNED_TUNING=$tuning timeout 50 python3 -m benchmarks.loop --rows 256,1024,4096 \
       --row-bytes 4,1024 --backends pallas --patterns none --providers baseline,xla_add,ours_add \
