@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from .pallas_common import _out_type, for_chunks, next_pow2
+from .pallas_common import for_chunks, next_pow2, output_type
 
 __all__ = ["order_tiling", "stable_order", "stable_order_kernel"]
 
@@ -91,8 +91,8 @@ def stable_order(rows: jax.Array, *, interpret: bool = False) -> tuple[jax.Array
 
     return pl.pallas_call(
         body,
-        out_shape=(_out_type((num_entries,), rows.dtype, [rows]),
-                   _out_type((num_entries,), jnp.int32, [rows])),
+        out_shape=(output_type((num_entries,), rows.dtype, [rows]),
+                   output_type((num_entries,), jnp.int32, [rows])),
         grid=(pl.cdiv(num_entries, block),),
         in_specs=[any_spec],
         out_specs=(any_spec, any_spec),

@@ -40,6 +40,7 @@ __all__ = [
     "normalized_indices",
     "offsets_fit",
     "one_launch_tiling",
+    "output_type",
     "program_entries",
     "raw_entries",
     "skip_row",
@@ -250,7 +251,7 @@ def dest_rows(rows, row_ok, num_rows: int):
     return jnp.where(row_ok, rows, skip_row(num_rows, rows.dtype))
 
 
-def _out_type(shape, dtype, operands) -> jax.ShapeDtypeStruct:
+def output_type(shape, dtype, operands) -> jax.ShapeDtypeStruct:
     """The kernel's output type. Inside ``jax.shard_map`` with ``check_vma`` (its default),
     Pallas wants it said along which mesh axes the output varies: along every one an
     operand varies along, as the kernel mixes them all. Elsewhere the set is empty."""
@@ -294,7 +295,7 @@ def launch_row_kernel(
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     return pl.pallas_call(
         body,
-        out_shape=_out_type(out_shape, arrays[-1].dtype, arrays),
+        out_shape=output_type(out_shape, arrays[-1].dtype, arrays),
         grid=(pl.cdiv(num_entries, tiling.block_rows), pl.cdiv(row_width, tiling.block_cols)),
         in_specs=[any_spec] * len(arrays),
         out_specs=any_spec,
