@@ -21,6 +21,9 @@ paths by; :mod:`pallas_pinned.testing` the specs and oracles of the tests and
 benchmarks.
 """
 
+import contextlib
+import importlib
+
 from pallas_pinned import _registry, tuning
 from pallas_pinned._placement import fix_memory_space
 from pallas_pinned.at import at
@@ -52,3 +55,9 @@ __version__ = "0.1.0"
 # on them: imported inside a trace (the first op, or a user's jit around it), it made that
 # function compile again on its second call. So it is imported here, where it imports at all.
 _registry.pallas_triton_importable()
+# Likewise Pallas's interpreter (backend="interpret") imports its fuser as it first lowers a
+# call, and the fuser defines such an option: the first call compiled again on its second,
+# and a user's jit kept the second trace's tuning. About 10 ms here; a private module, so
+# only where it exists.
+with contextlib.suppress(ImportError):
+    importlib.import_module("jax._src.pallas.fuser")

@@ -171,12 +171,13 @@ assert np.asarray(rows).tolist() == [[3.0] * 4] * 2
 
 
 @pytest.mark.parametrize("where", ["eager", "in a jit"])
-@pytest.mark.parametrize("backend", ["auto", "xla"])
+@pytest.mark.parametrize("backend", ["auto", "xla", "interpret"])
 def test_a_process_compiles_its_first_call_once(backend, where):
     # Pallas adds configuration options when it first imports, and JAX keys its trace
     # caches on them: a first call that imported it while tracing (the op's own, or a
-    # user's jit around it) compiled again on the second call. A fresh process, so that
-    # nothing but pallas_pinned's own import has imported Pallas.
+    # user's jit around it) compiled again on the second call. So did the interpreter's
+    # first lowering, which imports Pallas's fuser and its option. A fresh process, so
+    # that nothing but pallas_pinned's own import has imported Pallas.
     done = subprocess.run(
         [sys.executable, "-c", _FIRST_CALLS, backend, where.split()[0]], capture_output=True,
         text=True, timeout=300,
