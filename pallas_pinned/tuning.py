@@ -1,6 +1,10 @@
 """The measured thresholds the ops choose their paths by, and a way to override them.
 
-Results never depend on these settings; only speed does. The defaults were
+Results depend on these settings only in the last bits of float sums over
+repeated rows: ``fused_max_adds``, ``fused_max_unpromised_adds`` and
+``add_runs_in_kernel`` choose which path sums them, and the paths group the
+sums differently (each gives the same bits on every call). The others change
+only speed. The defaults were
 measured on the H200 (each field says where). Benchmarks and tests switch a
 path on or off through :func:`override` instead of patching module globals.
 The ops read :func:`current` when they are traced (an eager call is traced by
@@ -252,6 +256,11 @@ def override(**changes) -> Iterator[Thresholds]:
     non-int thresholds raise ``ValueError``.
     """
     previous = current()
+    names = [field.name for field in dataclasses.fields(Thresholds)]
+    unknown = sorted(set(changes) - set(names))
+    if unknown:
+        raise TypeError(f"tuning.override: unknown setting(s) {', '.join(unknown)}; the "
+                        f"settings are {', '.join(names)}")
     updated = dataclasses.replace(previous, **changes)
     token = _THRESHOLDS.set(updated)
     try:

@@ -25,7 +25,7 @@ def test_override_is_scoped_and_validated():
         assert tuning.current() == inside
         assert (inside.atomic_add_from, inside.relaxed_atomics) == (0, True)
     assert tuning.current() == before
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="no_such_threshold; the settings are .*order_kernel_max"):
         with tuning.override(no_such_threshold=1):
             pass
     with pytest.raises(ValueError, match="non-negative"):
