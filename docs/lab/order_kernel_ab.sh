@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Kept as the record of the 19:18 UTC run (the kernel's first tiling, since replaced); a new A/B of
+# the order kernel runs docs/lab/order_kernel_tiling_ab.sh, whose arms A_TUNING/B_TUNING set.
 # Session 25: the stable order of the add's runs path formed by one Pallas kernel
 # (kernels/order_pallas.py, tuning.order_kernel_max) instead of XLA's ops (the n x n rank
 # count, the permutation's scatter, the sorted rows' gather, a copy). A is
