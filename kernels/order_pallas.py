@@ -36,8 +36,12 @@ _MAX_CHUNK = 1024
 
 
 def order_tiling(num_entries: int) -> tuple[int, int, int]:
-    """``(block, chunk, num_warps)`` for ``num_entries`` entries: 128 programs or more from
-    512 entries on, 4 entries a program below."""
+    """``(block, chunk, num_warps)`` for ``num_entries`` entries.
+
+    The power of two at or above ``num_entries`` chooses: 4 entries a program up to 512
+    (fewer below 4), 8 up to 1 Ki, 16 beyond. So 512 entries run in 128 programs, 513 in
+    65, 1024 in 128, 1025 in 65 and 4096 in 256.
+    """
     n = next_pow2(max(num_entries, 1))
     block = min(n, max(_MIN_BLOCK, min(_MAX_BLOCK, n // 128)))
     chunk = min(n, _MAX_CHUNK)
@@ -81,6 +85,8 @@ def stable_order(rows: jax.Array, *, interpret: bool = False) -> tuple[jax.Array
     ``n**2`` (the caller keeps ``n`` small).
     """
     (num_entries,) = rows.shape
+    if num_entries == 0:  # No program to launch; a grid of none is no kernel.
+        return rows, jnp.zeros((0,), jnp.int32)
     block, chunk, num_warps = order_tiling(num_entries)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
 

@@ -110,8 +110,11 @@ def normalize_rows(rows, num_rows: int, mode: str | None):
     return jnp.where(rows_in_range(rows, num_rows), rows, skip_row(num_rows, wide))
 
 
-def check_rows_addressable(num_rows: int) -> None:
+def check_rows_addressable(num_rows: int, *, subject: str = "") -> None:
     """Refuses, at trace time, rows that the index type cannot address.
+
+    ``subject`` opens the message (default: ``x has <num_rows> rows along the
+    indexed axes``), for callers whose argument is not ``x``.
 
     Without x64, indices are int32: row 2**31 and beyond have no number, a negative
     index cannot wrap onto them, and a wider index saturates onto row 2**31 - 1.
@@ -120,8 +123,9 @@ def check_rows_addressable(num_rows: int) -> None:
     """
     wide = index_dtype()
     if num_rows > jnp.iinfo(wide).max:
+        subject = subject or f"x has {num_rows} rows along the indexed axes"
         raise OverflowError(
-            f"x has {num_rows} rows along the indexed axes, more than {wide} indices "
+            f"{subject}, more than {wide} indices "
             f"address ({jnp.iinfo(wide).max}), as jnp refuses a signed index there. Turn "
             "on 64-bit indices before making the indices: jax.config.update("
             "'jax_enable_x64', True) (or JAX_ENABLE_X64=1)"

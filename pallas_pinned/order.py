@@ -65,6 +65,8 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
     Raises:
       TypeError: ``indices`` are not integers, not an array or list, or a list
         holding traced values.
+      OverflowError: ``num_rows`` is past what the index type numbers (2**31 - 1
+        without ``jax_enable_x64``), as the ops refuse such a buffer.
       ValueError: ``indices`` are not 1-D, a ragged list, or a deleted array;
         ``num_rows`` is not a positive integer, or ``mode`` is not one of the
         above (``"wrap"``: take ``jnp.mod(indices, num_rows)`` first).
@@ -93,6 +95,11 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
             f"sort_indices mode must be one of {_MODES}, got {mode!r}; for 'wrap', pass "
             "jnp.mod(indices, num_rows)"
         )
+    _rows.check_rows_addressable(int(num_rows), subject=f"num_rows is {num_rows}")
+    if isinstance(indices, np.ndarray):
+        # As the ops narrow host indices: saturating, so that a value past the index
+        # type stays out of range (jax would truncate it onto a real row).
+        indices = _rows.to_wide_numpy(_rows.without_sub_byte(indices), _rows.index_dtype())
     return _sort(indices, int(num_rows), mode, tuning.current().runs_rank_max)
 
 

@@ -63,6 +63,27 @@ def test_sort_indices_takes_numpy_host_and_list_indices(rng):
         np.testing.assert_array_equal(np.asarray(got[1]), np.argsort(idx, kind="stable"))
 
 
+@pytest.mark.parametrize("as_list", [False, True], ids=["numpy", "list"])
+def test_sort_indices_narrows_wide_host_indices_as_the_ops_do(as_list):
+    # Without x64 jax would truncate 2**40 + 3 onto row 3; the ops saturate such host
+    # indices (out of range, dropped), and the shared order must name the rows they write.
+    num_rows = 40
+    idx = np.array([2**40 + 3, -2**40, 5, 2**62, 2**32 + 7], np.int64)
+    ids_sorted, order = pp.sort_indices(idx.tolist() if as_list else idx, num_rows)
+    np.testing.assert_array_equal(np.asarray(ids_sorted), [5, 40, 40, 40, 40])
+    np.testing.assert_array_equal(np.asarray(order), [2, 0, 1, 3, 4])
+    x = pp.scatter_add_to_host(put(np.zeros((num_rows, 1), np.float32)), idx,
+                               np.ones((5, 1), np.float32), mode="drop")
+    assert np.flatnonzero(read(x)).tolist() == [5]
+
+
+def test_sort_indices_refuses_rows_its_index_type_cannot_number():
+    if jax.config.jax_enable_x64:
+        pytest.skip("with 64-bit indices every such buffer's rows have a number")
+    with pytest.raises(OverflowError, match="num_rows is 2147483648.*jax_enable_x64"):
+        pp.sort_indices(np.zeros(3, np.int32), 2**31)
+
+
 def _step(x, ids, targets, *, shared: bool, backend: str):
     """Reads the rows of ``ids``, then adds a gradient-like update to them."""
     mode = {"mode": "fill", "fill_value": 0}

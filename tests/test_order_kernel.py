@@ -60,3 +60,20 @@ def test_int64_rows_under_x64(request, backend, n):
     with jax.enable_x64(True):
         rows = jnp.asarray(rng.integers(-2**40, 2**40, n) // 2**30, jnp.int64)
         _check(rows, backend)
+
+
+@pytest.mark.parametrize(("n", "programs"),
+                         [(1, 1), (5, 2), (512, 128), (513, 65), (1024, 128), (1025, 65),
+                          (4096, 256)])
+def test_the_tiling_gives_the_programs_its_docstring_names(n, programs):
+    from pallas_pinned.kernels import order_pallas
+
+    block, chunk, _ = order_pallas.order_tiling(n)
+    assert -(-n // block) == programs and chunk == min(1024, 1 << (n - 1).bit_length())
+
+
+def test_an_empty_batch_launches_nothing():
+    from pallas_pinned.kernels import order_pallas
+
+    ordered, perm = order_pallas.stable_order(jnp.zeros((0,), jnp.int32), interpret=True)
+    assert ordered.shape == perm.shape == (0,) and perm.dtype == jnp.int32
