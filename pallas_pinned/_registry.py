@@ -219,16 +219,23 @@ def check_available(x: Any, backend: str) -> None:
                 f"backend={backend!r} needs Pallas's Triton backend, which is unavailable: "
                 f"{reason}. Use backend='auto' (raw Triton or XLA) or backend='triton'"
             )
+    platform = _placement.platform_of(x)
+    off_gpu = (
+        f"needs a CUDA GPU, but x is on {platform!r}; use backend='interpret' to run the "
+        "Pallas kernel on CPU, or 'auto'"
+    )
     if backend == "triton":
-        # ImportError naming the extra when triton or jax-triton is missing:
-        # a missing extra is reported before the platform.
-        _import_kernel("triton_common").check_installed()
-    if backend in ("pallas", "triton") and _placement.platform_of(x) != "gpu":
-        raise NotImplementedError(
-            f"backend={backend!r} compiles a Triton kernel and needs a CUDA GPU, but x is on "
-            f"{_placement.platform_of(x)!r}; use backend='interpret' to run the Pallas kernel "
-            "on CPU, or 'auto'"
-        )
+        # ImportError naming the extra when triton or jax-triton is missing, reported
+        # before the platform; off a GPU it says that too, so that installing the extra
+        # is not the whole fix it seems.
+        try:
+            _import_kernel("triton_common").check_installed()
+        except ImportError as err:
+            if platform == "gpu":
+                raise
+            raise ImportError(f"{err}; backend='triton' also {off_gpu}") from err
+    if backend in ("pallas", "triton") and platform != "gpu":
+        raise NotImplementedError(f"backend={backend!r} compiles a Triton kernel and {off_gpu}")
 
 
 # Names a table to use instead of the shipped one: one that ``python -m
