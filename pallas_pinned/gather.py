@@ -45,7 +45,8 @@ def gather_from_host(
       fill_value: static scalar for ``"fill"``/``"drop"``, converted to
         ``x.dtype`` as jnp does. Default: NaN for floats, the minimum of
         signed and the maximum of unsigned integers, True for bool.
-        Ignored in the other modes, as in jnp.
+        Unused in the other modes, as in jnp, but checked in every mode (a
+        string or a complex number is refused where jnp ignores it).
       indices_are_sorted: promise that the positions ascend, after negative indices wrap
         (skips the sort that coalesces reads). Only speed depends on it.
       unique_indices: accepted for parity with jnp; a read does not need it.

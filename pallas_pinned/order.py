@@ -63,7 +63,7 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
       normalized[order]``. Permute per-entry data with ``data[order]``.
 
     Raises:
-      TypeError: ``indices`` are not integers, not an array or list, or a list
+      TypeError: ``indices`` are not integers, not an array, list or tuple, or a list
         holding traced values.
       OverflowError: ``num_rows`` is past what the index type numbers (2**31 - 1
         without ``jax_enable_x64``), as the ops refuse such a buffer.
