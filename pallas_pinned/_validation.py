@@ -84,7 +84,8 @@ def check_updates(updates: Any, target_shape: tuple[int, ...], x_dtype) -> None:
     if result != tuple(target_shape):
         raise ValueError(
             f"updates of shape {shape} cannot be broadcast to {tuple(target_shape)} "
-            "(the shape of x.at[index].get())"
+            "(the shape the index writes: x.at[index].get()'s, but with each jax.ds window at "
+            "its full size, as jnp's scatter takes it)"
         )
     warn_if_lossy(updates, x_dtype)
 

@@ -86,6 +86,28 @@ def test_set_and_add_consume_x_get_keeps_it(rng):
     assert x.is_deleted()
 
 
+@pytest.mark.parametrize("index", [slice(4, 2), np.zeros((0,), np.int32)], ids=["slice", "array"])
+def test_a_write_that_selects_nothing_returns_x_alive(rng, index):
+    x0 = make_values(rng, (6, 2), "float32")
+    x = put(x0)
+    out = at(x)[index].add(1.0)
+    assert out is x and not x.is_deleted()
+    np.testing.assert_array_equal(read(out), x0)
+
+
+def test_updates_of_a_window_past_its_axis_take_the_windows_full_size(rng):
+    # As jnp's scatter: x.at[0:1, jax.ds(2, 4)] reads (1, 2) but writes (1, 4), its start
+    # moved back so that the window fits.
+    x0 = make_values(rng, (2, 4), "float32")
+    x = put(x0)
+    with pytest.raises(ValueError, match=r"\(1, 2\) cannot be broadcast to \(1, 4\).*full size"):
+        at(x)[0:1, jax.ds(2, 4)].set(np.ones((1, 2), np.float32))
+    assert not x.is_deleted()
+    updates = make_values(rng, (1, 4), "float32")
+    out = at(x)[0:1, jax.ds(2, 4)].set(updates)
+    assert_same(read(out), np.asarray(jnp.asarray(x0).at[0:1, jax.ds(2, 4)].set(updates)))
+
+
 @pytest.mark.parametrize("method", ["set", "add", "subtract", "min", "max", "multiply"])
 def test_a_misspelt_keyword_is_named_for_the_users_method_and_x_is_kept(rng, method):
     x0 = make_values(rng, (6, 2), "float32")
