@@ -61,6 +61,7 @@ from benchmarks.scan_runner import (
     check_then_time,
     compile_all,
     fill_op_costs,
+    own_updates,
     split_runnable,
 )
 from pallas_pinned._registry import TABLE_ENV
@@ -91,6 +92,7 @@ def base_record(case: LoopCase, provider: LoopProvider, backend: str, steps: int
 def check_pair(args, buf: PinnedBuffer, data: LoopData, provider: LoopProvider, backend: str,
                compiled_and_s) -> tuple[dict, CheckedScan | None]:
     """Runs one compiled grid scan once and checks it against the replay (timed later)."""
+    data = own_updates(data, f"{provider.name}[{backend}]")
     record = base_record(data.case, provider, backend, args.steps, args.rounds)
     record["check"] = f"{data.sample.size} sampled rows match the numpy replay"
     table = data.sorted_dev if provider.sorted_rows else data.table_dev
@@ -352,8 +354,11 @@ def main(argv=None) -> int:
     report.print_loop_table(records, f"per-step cost in lax.scan ({grid}{inputs}, "
                             f"{meta['device_kind']}, {args.steps} steps, median of "
                             f"{args.runs} runs interleaved in "
-                            f"{min(args.rounds, args.runs)} rounds; us, op cost in "
-                            "parentheses, min-max in brackets)")
+                            f"{min(args.rounds, args.runs)} rounds{fewer_runs(args, records)}; "
+                            "us, op cost in parentheses, min-max in brackets)")
+    print(f"floor (+pcie): the floor_launch step plus the rows' bytes at "
+          f"{loop_floor.PCIE_BYTES_PER_S / 1e9:.0f} GB/s, the H200's PCIe rate measured in "
+          "earlier runs (benchmarks/loop_floor.py), not in this one")
     plot = None if args.no_plots else plots.plot_loop(records, args.out / "loop.png")
     if plot is None and not args.no_plots:
         print("no plot: matplotlib is not installed (or nothing was timed)")
@@ -362,7 +367,23 @@ def main(argv=None) -> int:
     return exit_status(records)
 
 
+def fewer_runs(args, records: list[dict]) -> str:
+    """The header's word on rows timed fewer times than ``--runs`` ('' when none were)."""
+    fewer = [r for r in records if r.get("runs") is not None and r["runs"] < args.runs]
+    if not fewer:
+        return ""
+    return (f" ({len(fewer)} rows fewer: timed once, without warm-up, being slower than "
+            f"--max-run-s {args.max_run_s:g} s; their records say runs 1)")
+
+
 def exit_status(records: list[dict]) -> int:
+    """1 when a row errored or was wrong; says so, and what the time budget left out."""
+    skipped = [r for r in records if r["status"].startswith("skipped: time budget")]
+    if skipped:
+        # Not a failure (the budget is the caller's choice), but not a complete run either.
+        cases_left = sorted({r["case"] for r in skipped})
+        print(f"INCOMPLETE: the time budget left out {len(skipped)} of {len(records)} rows, "
+              f"in {len(cases_left)} cases: {', '.join(cases_left)[:400]}")
     failed = False
     for r in records:
         label = f"{r['provider']}[{r['backend']}] on {r['case']}"

@@ -75,6 +75,7 @@ from benchmarks.scan_runner import (
     check_then_time,
     compile_all,
     fill_op_costs,
+    own_updates,
     split_runnable,
 )
 from pallas_pinned.testing import make_values, scatter_oracle
@@ -237,10 +238,12 @@ class PatternData:
     base_dev: jax.Array
     lengths_dev: jax.Array
     sample: np.ndarray  # sorted flat rows read back for the check
+    # Each row's own updates' base on the device (scan_runner.own_updates).
+    owned: list[jax.Array] = dataclasses.field(default_factory=list)
 
     def release(self) -> None:
-        self.base_dev.delete()
-        self.lengths_dev.delete()
+        for a in (self.base_dev, self.lengths_dev, *self.owned):
+            a.delete()
 
 
 def make_pattern_data(case: PatternCase, steps: int, rng: np.random.Generator, *,
@@ -369,6 +372,7 @@ def mark_same_step_ops(records: list[dict]) -> None:
 def _check(args, buf: PinnedBuffer, data: PatternData, provider: str, backend: str,
            compiled_and_s, rounds: int):
     """One provider's record and its checked run (:func:`check_scan`), timed later."""
+    data = own_updates(data, f"{provider}[{backend}]")
     record = base_record(data.case, provider, backend, args.steps, rounds)
     record["check"] = f"{data.sample.size} sampled rows match the numpy replay"
     scan = check_scan(args, buf, record, compiled_and_s, (data.base_dev, data.lengths_dev),

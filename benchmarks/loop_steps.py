@@ -205,9 +205,11 @@ class LoopData:
     sample: np.ndarray  # sorted buffer rows read back for the check
     hits: list[tuple[np.ndarray, np.ndarray]]  # per step: (positions in the step, slots)
     sorted_hits: list[tuple[np.ndarray, np.ndarray]]  # the same for the sorted table
+    # Each row's own updates' base on the device (scan_runner.own_updates).
+    owned: list[jax.Array] = dataclasses.field(default_factory=list)
 
     def release(self) -> None:
-        for a in (self.table_dev, self.sorted_dev, self.base_dev):
+        for a in (self.table_dev, self.sorted_dev, self.base_dev, *self.owned):
             a.delete()
 
 
@@ -257,9 +259,12 @@ def check_replay(data: LoopData, provider: LoopProvider, before: np.ndarray,
     """The sampled rows after one scan against a numpy replay of its steps; None if they match.
 
     Each step is replayed with the oracle of ``pallas_pinned.testing`` on the
-    sampled rows it hits. Indices are unique within a step, so sets are
-    checked bit for bit; sums (add and add_read) within their rounding error
-    (``checks.compare_sums``). The baseline, floor_launch and a gather must
+    sampled rows it hits. Indices are unique within a step, so sets are checked
+    bit for bit, and so are sums (add and add_read, ``checks.compare_sums``): a
+    step adds one update to each of its rows, one sum rounded once (to nearest,
+    in the buffer's dtype, by every provider as by the replay), so there is no
+    order to differ in, and a rounding bound would let a lost update smaller
+    than the row pass (bfloat16). The baseline, floor_launch and a gather must
     leave every sampled row as it was (a gather's rows are checked by
     :func:`check_gathered`, a read-after-write's by :func:`check_read_back`).
     """
@@ -274,7 +279,7 @@ def check_replay(data: LoopData, provider: LoopProvider, before: np.ndarray,
         return None if expected.tobytes() == after.tobytes() else (
             f"{_changed_rows(expected, after)} of {after.shape[0]} sampled rows differ "
             "from the numpy replay")
-    return checks.compare_sums(after, expected, magnitude, terms)
+    return checks.compare_sums(after, expected, magnitude, terms, exact=True)
 
 
 def _replay(data: LoopData, op: str, before: np.ndarray, hits: list) -> tuple:
@@ -306,7 +311,7 @@ def check_read_back(data: LoopData, op: str, before_last: np.ndarray,
     against the oracle. ``set_read``: the last step's updates, bit for bit (its
     rows are distinct). ``add_read``: the buffer's rows at the last step's
     indices before the run (``before_last``), every step's adds to them
-    replayed, within rounding.
+    replayed, bit for bit (as :func:`check_replay` says why).
     """
     if op == "set_read":
         expected = _last_updates(data)
@@ -319,7 +324,7 @@ def check_read_back(data: LoopData, op: str, before_last: np.ndarray,
     rows = last[order]
     hits = [checks.hits_in(rows, step) for step in data.table]
     expected, magnitude, terms = _replay(data, "add", before_last[order], hits)
-    mismatch = checks.compare_sums(carried[order], expected, magnitude, terms)
+    mismatch = checks.compare_sums(carried[order], expected, magnitude, terms, exact=True)
     return None if mismatch is None else f"rows read after the last add: {mismatch}"
 
 

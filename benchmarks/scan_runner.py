@@ -7,7 +7,10 @@ of all the case's programs interleaved in rounds (:func:`check_then_time`,
 :func:`time_interleaved`). The one buffer is threaded through every program
 in turn (each donates it to the next): each check compares against a replay
 of that program's own steps from the rows read just before its run, so no
-program needs a buffer of its own, and pinned memory stays one buffer.
+program needs a buffer of its own, and pinned memory stays one buffer. Each
+program writes values of its own (:func:`own_updates`): with the same values
+for all, a program that wrote nothing would find the rows its predecessor
+wrote and pass its check.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import concurrent.futures
 import dataclasses
 import os
 import time
+import zlib
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from benchmarks import environment, hlo, timing
-from pallas_pinned.testing import time_calls
+from pallas_pinned.testing import make_values, time_calls
 
 
 class PinnedBuffer:
@@ -52,6 +57,24 @@ class PinnedBuffer:
             dtype, shape = self.layout
             self.layout = None
             self.ensure(dtype, shape)
+
+
+def own_updates(data, row: str):
+    """``data`` (a case's data: ``base``, ``base_dev`` and an ``owned`` list) with a
+    ``base`` of its own for the row ``row`` (``provider[backend]``).
+
+    The programs of a case run one after the other on one buffer, and a step's
+    values are ``base + t``: were ``base`` the case's for all, the rows a program
+    should write would already hold those values when it runs, and a program that
+    wrote nothing (or only some rows) would pass its check. Fresh values per row
+    (seeded by its name) make every check see its own writes. The device copy
+    joins ``data.owned``, which the case's ``release`` deletes.
+    """
+    rng = np.random.default_rng(zlib.crc32(row.encode()))
+    base = make_values(rng, data.base.shape, str(data.base.dtype))
+    base_dev = jax.device_put(base, data.base_dev.sharding)
+    data.owned.append(base_dev)
+    return dataclasses.replace(data, base=base, base_dev=base_dev)
 
 
 def compile_all(lowerings: dict, compiler_options: dict | None = None) -> dict:

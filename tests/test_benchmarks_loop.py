@@ -305,3 +305,16 @@ def test_a_pattern_case_is_timed_interleaved_in_rounds(monkeypatch):
     assert isinstance(same["ours_block"], bool)
     assert scan_runner.round_shares(3, 5) == [1, 1, 1]  # fewer runs than rounds
     assert scan_runner.round_shares(12, 5) == [3, 3, 2, 2, 2]
+
+
+def test_a_write_pattern_that_writes_nothing_fails_its_check(monkeypatch):
+    # ours_block runs right after xla_block on the same buffer: with the same values
+    # for both, a block insert that wrote nothing passed (scan_runner.own_updates).
+    monkeypatch.setattr(loop_patterns, "_ours", lambda op, n, backend, x, where, values: x)
+    args = loop.parse_args(["--cpu", "--steps", "4", "--runs", "1", "--warmup", "0"])
+    case = next(c for c in loop_patterns.CPU_PATTERNS if c.op == "block")
+    progress = type("Quiet", (), {"step": lambda self, label: None})()
+    records = loop_patterns.run_pattern_case(args, scan_runner.PinnedBuffer(args.seed), case,
+                                             False, progress)
+    correct = {r["provider"]: r["correct"] for r in records}
+    assert correct == {"baseline": True, "xla_block": True, "ours_block": False}

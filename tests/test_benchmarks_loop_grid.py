@@ -22,7 +22,7 @@ import pytest
 
 import pallas_pinned
 import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
-from benchmarks import loop, loop_steps, scan_runner
+from benchmarks import checks, loop, loop_steps, scan_runner
 from benchmarks.loop_steps import PROVIDER_NAMES, PROVIDERS
 from pallas_pinned import testing
 from pallas_pinned._registry import TABLE_ENV
@@ -246,3 +246,59 @@ def test_the_inputs_flag_is_recorded_and_named_in_the_table(tmp_path, capsys):
     meta = json.loads((tmp_path / "loop.json").read_text())["meta"]
     assert meta["inputs"] == "materialized"
     assert "inputs materialized" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------
+# Checks that a wrong provider cannot pass
+
+
+def test_a_provider_that_writes_nothing_fails_its_check(monkeypatch, capsys):
+    # The providers run one after the other on one buffer. With the same values for
+    # all, a set that wrote nothing found the rows XLA's set had just written and
+    # passed: each provider now writes values of its own (scan_runner.own_updates).
+    right = loop_steps.write_fn
+
+    def write_fn(name, backend):
+        return (lambda x, i, u: x) if name == "ours_set" else right(name, backend)
+
+    monkeypatch.setattr(loop_steps, "write_fn", write_fn)
+    _, records = _grid_case(monkeypatch)
+    by_name = {r["provider"]: r for r in records}
+    assert by_name["xla_set"]["correct"] is True
+    assert by_name["ours_set"]["correct"] is False
+    assert "differ from the numpy replay" in by_name["ours_set"]["check"]
+    assert loop.exit_status(records) == 1
+    assert "INCORRECT: ours_set[auto]" in capsys.readouterr().out
+
+
+def test_the_add_check_catches_one_lost_bfloat16_update():
+    # Rows hit about 100 times grow to thousands; the rounding bound of such sums let
+    # a lost update of step 100 (about 100) pass in bfloat16. A step adds one update
+    # per row, rounded once, so the replay is now compared bit for bit.
+    case = testing.LoopCase(64, 64, "bfloat16")
+    data = loop_steps.make_loop_data(case, 128 * case.row_bytes, 200, np.random.default_rng(5),
+                                     check_written=64, check_others=0)
+    before = testing.make_values(np.random.default_rng(6), (data.sample.size, case.row_elems),
+                                 "bfloat16")
+    expected, magnitude, terms = loop_steps._replay(data, "add", before, data.hits)
+    lost = list(data.hits)
+    positions, slots = lost[100]
+    lost[100] = (positions[1:], slots[1:])  # step 100's first update dropped
+    after = loop_steps._replay(data, "add", before, lost)[0]
+    assert np.abs(after.astype(np.float32) - expected.astype(np.float32)).max() >= 64
+    assert checks.compare_sums(after, expected, magnitude, terms) is None  # the old bound
+    add = PROVIDER["ours_add"]
+    assert loop_steps.check_replay(data, add, before, expected) is None
+    assert "differ" in loop_steps.check_replay(data, add, before, after)
+
+
+def test_the_time_budget_s_cut_is_reported_and_fewer_runs_are_named(monkeypatch, capsys):
+    _, records = _grid_case(monkeypatch, "--time-budget-s", "1", started=time.monotonic() - 2)
+    assert loop.exit_status(records) == 0  # the caller's budget, not a failure
+    assert "INCOMPLETE: the time budget left out 4 of 4 rows, in 1 cases: 8x64B-float32" in (
+        capsys.readouterr().out)
+    args = loop.parse_args(["--cpu", "--runs", "4", "--max-run-s", "0"])
+    assert loop.fewer_runs(args, [{"runs": 4}, {"runs": 1}, {"runs": None}]) == (
+        " (1 rows fewer: timed once, without warm-up, being slower than --max-run-s 0 s; "
+        "their records say runs 1)")
+    assert loop.fewer_runs(args, [{"runs": 4}]) == ""
