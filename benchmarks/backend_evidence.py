@@ -1,8 +1,9 @@
 """The evidence :mod:`benchmarks.choose_backends` reads beside its loop run.
 
 How much two timings must differ to say which is faster, the sparse-training
-client's verdict on XLA's add path, and the table that makes a loop run measure
-that path (``--xla-path-table``).
+client's verdict on XLA's add path, the verdict of the loop runs on that path
+(:func:`path_verdict`), and the table that makes a loop run measure that path
+(``--xla-path-table``).
 """
 
 from __future__ import annotations
@@ -114,3 +115,66 @@ def xla_path_table(table: dict) -> dict:
                 entry.pop("distinct_backend", None)  # rows promised distinct too
     forced["note"] = "every set and add class forced to xla, to measure auto's XLA path"
     return forced
+
+
+def xla_path_faster(full: list[dict], kernel: str, reads: dict | None,
+                     materialized: list[dict] = ()) -> tuple[bool | None, str]:
+    """Whether auto's XLA path beat the kernel by more than the noise in some case and
+    lost by more than the noise in none (None: not measured in these cases; a tie
+    within the noise says nothing of which is faster). The write-then-read rows
+    (``reads``: the class's cases) count as cases of the class, both ways: a write that
+    is fast alone can still lose once the step reads the rows back, and a win there is
+    as much a win (a class whose every figure favours XLA's path does not flip on one
+    written case that missed the margin). So do the ``materialized`` cases (the run with
+    the step's inputs materialized, written and read back), whichever run measured the
+    path itself."""
+    if not full or not all("auto" in c for c in full):
+        return None, ""
+    read = [c for c in (reads or {}).values() if {"auto", kernel} <= set(c)]
+    more = [c for c in materialized if {"auto", kernel} <= set(c)]
+    cases = full + read + more
+    def lost(some):
+        return any(slower(c["auto"], c[kernel]) for c in some)
+
+    won = any(faster(c["auto"], c[kernel]) for c in cases) and not lost(cases)
+    words = []
+    for what, some in (("read back", read), ("materialized inputs", more)):
+        word = "unmeasured" if not some else "slower" if lost(some) else "not slower"
+        words.append(f"{what}: {word}")
+    return won, "; ".join(words)
+
+
+def path_verdict(key: tuple, kernel: str, sources: dict,
+                  materialized: tuple) -> tuple[bool | None, str]:
+    """XLA's path for ``key`` (op, dtype, rows), judged in the first of ``sources`` (label
+    -> ``choose_backends._class_times``) that measured it, against that run's kernel (``kernel``
+    where it ran, else Pallas), with the cases of ``materialized`` beside it.
+
+    Where that run or ``materialized`` left out a row of the class (auto's or the
+    kernel's, written or read back) for no usable time, it decides a loss it measured but
+    not a win: a win needs a loss in no case, and the row left out may be the loss. Such
+    a run leaves the class to the next (none: the kernel stays), and the entry's text
+    names the rows either way: the verdict never rests unsaid on rows it did not read.
+    """
+    op, dtype, rows = key
+    read_key = (f"{op}_read", dtype, rows)
+    notes = []
+    for label, (run, left) in sources.items():
+        cases = list(run.get(key, {}).values())
+        own = kernel if any(kernel in c for c in cases) else "pallas"
+        more = [*materialized[0].get(key, {}).values(),
+                *materialized[0].get(read_key, {}).values()]
+        verdict, read = xla_path_faster([c for c in cases if own in c], own,
+                                         run.get(read_key), more)
+        lacks = [[f"{where}: {why}" for k in (key, read_key) for name, why in got.get(k, ())
+                  if name in ("auto", own)]
+                 for where, got in ((label, left), ("materialized inputs", materialized[1]))]
+        lacking = ", ".join(lacks[0] + lacks[1])
+        if verdict is False or (verdict and not lacking):
+            notes += [f"rows left out: {lacking}"] if lacking else []
+            return verdict, (f"{'faster' if verdict else 'not faster'} than the kernel "
+                             f"({label}; {read}{''.join(f'; {n}' for n in notes)})")
+        if verdict or lacks[0]:
+            notes.append(f"{label}: {'faster where measured, ' if verdict else ''}"
+                         f"rows left out: {lacking}")
+    return None, f"undecided ({'; '.join(notes)})" if notes else "unmeasured"

@@ -16,11 +16,11 @@ measured with ``backend="pallas"`` and ``backend="triton"``, ``python -m
 benchmarks.loop --backends pallas,triton`` on a GPU) and of XLA's own
 formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
 
-* between the two kernels, summed over the class's cases, Triton only where
-  it is faster by more than :data:`NOISE` (a closer result keeps Pallas, the
+* between the two kernels, summed over the class's cases timed with both, Triton only
+  where it is faster by more than :data:`NOISE` (a closer result keeps Pallas, the
   one with the one-launch path for small sets);
 * for set and add, the kernel is kept where it is no slower than XLA in **every**
-  case of the class. Elsewhere an ``xla`` entry would make ``auto`` run
+  case of the class timed with both. Elsewhere an ``xla`` entry would make ``auto`` run
   ``x.at[rows].set(y)`` / ``.add(y)`` itself, after our normalization (and for set
   our de-duplication, so the last duplicate wins as everywhere): not XLA's bare op.
   So the class takes it only where that path itself was measured faster than the
@@ -49,13 +49,17 @@ formulation (``xla_set`` / ``xla_add`` / ``xla_get``) decide:
 
 The table, with where it came from, goes to ``pallas_pinned/backend_table.json``,
 which the package ships. An op the source has no rows for is listed under
-``unmeasured`` (``auto`` then uses Pallas for it) and named in a warning.
+``unmeasured`` (``auto`` then uses Pallas for it) and named in a warning. A row of any run
+read with no usable time is named on stderr; a case that lacks one, in its entry's
+``left_out``; a win of XLA's path beside a row left out, which may be the loss, is
+``undecided`` (the kernel stays) and the entry's ``xla_path`` names the row.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -66,8 +70,9 @@ from benchmarks.backend_evidence import (
     client_verdict,
     faster,
     named_or_default,
+    path_verdict,
     say_left_out,
-    slower,
+    unusable,
     usable,
     xla_path_table,
 )
@@ -111,8 +116,9 @@ def _ran_kernel(r: dict) -> bool:
     return any(k.startswith("custom-call") for k in r.get("hlo_ops") or {})
 
 
-def _class_times(records: list[dict]) -> dict:
-    """``(op, dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"xla"|"auto": us}``.
+def _class_times(records: list[dict]) -> tuple[dict, dict]:
+    """``(op, dtype, rows) -> (rows, row_bytes) -> {"pallas"|"triton"|"xla"|"auto": us}``,
+    and ``(op, dtype, rows) -> [(name, why)]``: the rows left out for no usable time.
 
     ``auto`` counts only where it ran XLA's path: for a write, where its step
     launched none of our kernels; for a write read back (the read is our kernel),
@@ -122,13 +128,11 @@ def _class_times(records: list[dict]) -> dict:
                 for r in records
                 if r["provider"] in _WRITES and r.get("backend") == "auto"
                 and usable(r) and not _ran_kernel(r)}
-    times = defaultdict(lambda: defaultdict(dict))
+    times, left = defaultdict(lambda: defaultdict(dict)), defaultdict(list)
     for r in records:
         op = PROVIDERS.get(r["provider"])
-        if op is None or not usable(r):
-            continue
         name = "xla" if r["provider"].startswith("xla_") else r.get("backend")
-        if name not in ("pallas", "triton", "xla", "auto"):
+        if op is None or name not in ("pallas", "triton", "xla", "auto"):
             continue
         case = (r["dtype"], r["rows"], r["row_bytes"])
         reads = op.endswith("_read")
@@ -137,51 +141,34 @@ def _class_times(records: list[dict]) -> dict:
             # auto ran one of our kernels in that run (its table said so then):
             # no measurement of XLA's path with our de-duplication.
             continue
-        times[(op, r["dtype"], r["rows"])][(r["rows"], r["row_bytes"])][name] = r["us_per_step"]
-    return times
+        if usable(r):
+            times[(op, r["dtype"], r["rows"])][(r["rows"], r["row_bytes"])][name] = r["us_per_step"]
+        else:  # kept so that a verdict resting on this class can say what it lacked
+            left[(op, r["dtype"], r["rows"])].append((name, unusable([r], PROVIDERS)[0]))
+    return times, left
 
 
 def _compared(cases: dict, dropped: list[str], where: str) -> tuple[list[dict], str, dict]:
-    """The cases timed with the kernels and XLA, the kernel chosen between the two, and
-    each provider's time summed over those cases. A case left out for a missing time
-    (its provider errored, was wrong or did not run) is named in ``dropped``."""
-    need = {"pallas", "triton", "xla"}
-    if not any(need <= set(c) for c in cases.values()):
-        need = {"pallas", "xla"}
-    full = [c for c in cases.values() if need <= set(c)]
-    dropped += [f"{where}: {rows} rows x {row_bytes} B: no usable "
-                f"{', '.join(sorted(need - set(c)))}"
-                for (rows, row_bytes), c in cases.items() if full and not need <= set(c)]
-    totals = {k: sum(c[k] for c in full) for k in (full[0] if full else ())}
-    triton = "triton" in totals and faster(totals["triton"], totals["pallas"])
-    return full, "triton" if triton else "pallas", totals
-
-
-def _xla_path_faster(full: list[dict], kernel: str, reads: dict | None,
-                     materialized: list[dict] = ()) -> tuple[bool | None, str]:
-    """Whether auto's XLA path beat the kernel by more than the noise in some case and
-    lost by more than the noise in none (None: not measured in these cases; a tie
-    within the noise says nothing of which is faster). The write-then-read rows
-    (``reads``: the class's cases) count as cases of the class, both ways: a write that
-    is fast alone can still lose once the step reads the rows back, and a win there is
-    as much a win (a class whose every figure favours XLA's path does not flip on one
-    written case that missed the margin). So do the ``materialized`` cases (the run with
-    the step's inputs materialized, written and read back), whichever run measured the
-    path itself."""
-    if not full or not all("auto" in c for c in full):
-        return None, ""
-    read = [c for c in (reads or {}).values() if {"auto", kernel} <= set(c)]
-    more = [c for c in materialized if {"auto", kernel} <= set(c)]
-    cases = full + read + more
-    def lost(some):
-        return any(slower(c["auto"], c[kernel]) for c in some)
-
-    won = any(faster(c["auto"], c[kernel]) for c in cases) and not lost(cases)
-    words = []
-    for what, some in (("read back", read), ("materialized inputs", more)):
-        word = "unmeasured" if not some else "slower" if lost(some) else "not slower"
-        words.append(f"{what}: {word}")
-    return won, "; ".join(words)
+    """The cases timed with the kernel and XLA, the kernel chosen on those timed with both
+    kernels, and each provider's time summed over the former (where timed in all). Each
+    comparison reads every case with both its sides: an errored Triton row takes no case
+    out of the judgement against XLA. A case a comparison lacks a time for (its provider
+    errored, was wrong or did not run) is named in ``dropped``."""
+    pair = [c for c in cases.values() if {"pallas", "triton"} <= set(c)]
+    triton = pair and faster(sum(c["triton"] for c in pair), sum(c["pallas"] for c in pair))
+    kernel = "triton" if triton else "pallas"
+    full = [c for c in cases.values() if {kernel, "xla"} <= set(c)]
+    for (rows, row_bytes), c in cases.items() if full else ():
+        if lack := {kernel, "xla"} - set(c):
+            why = f"no usable {', '.join(sorted(lack))}"
+        elif pair and (lack := {"pallas", "triton"} - set(c)):
+            # Only a class where Triton ran at all: a run without it lacks nothing.
+            why = f"no usable {', '.join(sorted(lack))}: judged against XLA, not between kernels"
+        else:
+            continue
+        dropped.append(f"{where}: {rows} rows x {row_bytes} B: {why}")
+    totals = {k: sum(c[k] for c in full) for k in sorted(set.intersection(*map(set, full or [{}])))}
+    return full, kernel, totals
 
 
 _VERDICT_WORDS = {True: "not slower", False: "slower", None: "unmeasured"}
@@ -207,48 +194,31 @@ def choose(records: list[dict], xla_path_records: dict[str, list[dict]] | None =
     rows always are) measured the very program a promised add runs. ``materialized``
     (records of the grid with each step's inputs materialized) adds its cases to every
     judgment of XLA's path, not to the kernel choice. ``dropped`` (when given) gets the
-    cases a class left out for a provider with no usable time.
+    cases a class left out for a provider with no usable time, as its ``left_out`` does.
     """
     dropped = [] if dropped is None else dropped
-    times = _class_times(records)
-    materialized_times = _class_times(materialized or [])
-    sources = {"this run": times} | {label: _class_times(r)
-                                     for label, r in (xla_path_records or {}).items()}
+    times = (sources := {"this run": _class_times(records)})["this run"][0]
+    sources |= {label: _class_times(r) for label, r in (xla_path_records or {}).items()}
     classes = sorted({rows for (op, _, rows) in times if op in OPS})
+    materialized = _class_times(materialized or [])
     choices: dict = {}
     for key, cases in sorted(times.items()):
         op, dtype, rows = key
         if op not in OPS:  # evidence for another op's entry
             continue
+        before = len(dropped)
         full, kernel, totals = _compared(cases, dropped, f"{op} {dtype} <= {rows} rows")
         if not full:
             continue
         entry = {"backend": kernel, "cases": len(full)}
+        if dropped[before:]:  # the table says it too, not only this run's stderr
+            entry["left_out"] = [d.split(": ", 1)[1] for d in dropped[before:]]
         if op in XLA_PATH_OPS:
             _judge_xla_path(entry, key, full, kernel, sources, add_client, distinct_client,
-                            materialized_times)
+                            materialized)
         entry.update({f"{k}_us": round(v, 1) for k, v in totals.items()})
         choices.setdefault(op, {}).setdefault(dtype, {})[str(rows)] = entry
     return classes, choices
-
-
-def _path_verdict(key: tuple, kernel: str, sources: dict,
-                  materialized: dict) -> tuple[bool | None, str]:
-    """XLA's path for ``key`` (op, dtype, rows), judged in the first of ``sources`` (label
-    -> class times) that measured it, against that run's kernel (``kernel`` where it
-    ran, else Pallas), with the cases of ``materialized`` (class times) beside it."""
-    op, dtype, rows = key
-    read_key = (f"{op}_read", dtype, rows)
-    for label, run in sources.items():
-        cases = list(run.get(key, {}).values())
-        own = kernel if any(kernel in c for c in cases) else "pallas"
-        more = [*materialized.get(key, {}).values(), *materialized.get(read_key, {}).values()]
-        verdict, read = _xla_path_faster([c for c in cases if own in c], own,
-                                         run.get(read_key), more)
-        if verdict is not None:
-            return verdict, (f"{'faster' if verdict else 'not faster'} than the kernel "
-                             f"({label}; {read})")
-    return None, "unmeasured"
 
 
 def _kernel_never_slower(cases: list[dict], kernel: str) -> bool:
@@ -257,7 +227,7 @@ def _kernel_never_slower(cases: list[dict], kernel: str) -> bool:
 
 
 def _judge_xla_path(entry: dict, key: tuple, full: list[dict], kernel: str, sources: dict,
-                    add_client: tuple, distinct_client: tuple, materialized: dict) -> None:
+                    add_client: tuple, distinct_client: tuple, materialized: tuple) -> None:
     """Fills a set or add entry's ``backend`` and ``distinct_backend`` from XLA's path.
 
     XLA's path is judged only where the kernel lost to XLA's bare op in some case: for
@@ -268,15 +238,15 @@ def _judge_xla_path(entry: dict, key: tuple, full: list[dict], kernel: str, sour
     op, dtype, rows = key
     verdict = None
     if not _kernel_never_slower(full, kernel):
-        verdict, entry["xla_path"] = _path_verdict(key, kernel, sources, materialized)
-    distinct_cases = sources["this run"].get((f"{op}_distinct", dtype, rows), {})
-    promised = [c | {"xla": bare["xla"]} for case, bare in sources["this run"][key].items()
+        verdict, entry["xla_path"] = path_verdict(key, kernel, sources, materialized)
+    distinct_cases = sources["this run"][0].get((f"{op}_distinct", dtype, rows), {})
+    promised = [c | {"xla": bare["xla"]} for case, bare in sources["this run"][0][key].items()
                 if "xla" in bare and kernel in (c := distinct_cases.get(case, {}))]
     distinct_verdict = None
     if promised and _kernel_never_slower(promised, kernel):
         distinct_verdict = False  # the kernel told so is no slower than XLA's bare op
     elif promised:
-        distinct_verdict, entry["distinct_xla_path"] = _path_verdict(
+        distinct_verdict, entry["distinct_xla_path"] = path_verdict(
             (f"{op}_distinct", dtype, rows), kernel, sources, materialized)
     if op == "add":  # the loop's verdict alone does not decide add's
         if distinct_verdict is None and verdict is not None:
@@ -347,6 +317,10 @@ def main(argv=None) -> int:
                               materialized=materialized and materialized["records"],
                               dropped=(dropped := []))
     say_left_out(run["records"], PROVIDERS, dropped)
+    for label, records in [*earlier.items(), (_label(args.materialized_from),
+                                              (materialized or {}).get("records", []))]:
+        for line in unusable(records, PROVIDERS):  # the evidence runs', as the source's
+            print(f"  row not read ({label}): {line}", file=sys.stderr)
     source = args.source.resolve()
     table = {
         "source": str(source.relative_to(REPO) if source.is_relative_to(REPO) else source),

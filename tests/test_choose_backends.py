@@ -372,3 +372,97 @@ def test_an_unchecked_client_row_is_no_verdict():
     run = _client_run(70.0, 72.9)
     run["records"][0]["correct"] = None
     assert choose_backends.client_verdict(run)[0] is None
+
+
+def _errored(row):
+    return row | {"status": "error", "correct": None, "us_per_step": None}
+
+
+def test_choose_backends_judges_the_kernel_against_xla_where_triton_errored(tmp_path, capsys):
+    # Triton errored in the one case where XLA's bare set and its path beat the kernel 3x:
+    # the case still counts against XLA (Pallas and XLA were timed there), only not in
+    # the choice between the kernels; the table names what it lacked.
+    def run(triton_us):
+        triton = _sized_row("ours_set", "triton", 1024, triton_us)
+        return [
+            _sized_row("ours_set", "pallas", 4, 8.0), _sized_row("ours_set", "triton", 4, 9.0),
+            _sized_row("xla_set", "-", 4, 9.0),
+            _sized_row("ours_set", "auto", 4, 8.1) | {"hlo_ops": {"fusion": 2}},
+            _sized_row("ours_set", "pallas", 1024, 30.0),
+            triton if triton_us else _errored(triton), _sized_row("xla_set", "-", 1024, 10.0),
+            _sized_row("ours_set", "auto", 1024, 11.0) | {"hlo_ops": {"fusion": 2}},
+        ]
+    measured = choose_backends.choose(run(31.0))[1]["set"]["float32"]["256"]
+    dropped = []
+    entry = choose_backends.choose(run(None), dropped=dropped)[1]["set"]["float32"]["256"]
+    assert entry["backend"] == measured["backend"] == "xla"
+    assert entry["cases"] == measured["cases"] == 2 and entry["xla_us"] == 19.0
+    why = "256 rows x 1024 B: no usable triton: judged against XLA, not between kernels"
+    assert dropped == [f"set float32 <= 256 rows: {why}"] and entry["left_out"] == [why]
+    assert "triton_us" not in entry  # no sum over cases that lack it
+    assert "left_out" not in measured
+    source = tmp_path / "loop.json"
+    source.write_text(json.dumps({"meta": {}, "records": run(None)}))
+    out = tmp_path / "t.json"
+    assert choose_backends.main([str(source), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["choices"]["set"]["float32"]["256"]["left_out"] == [why]
+    assert f"case dropped: set float32 <= 256 rows: {why}" in capsys.readouterr().err
+    # XLA errored where Triton was 2x faster: that case still chooses between the kernels.
+    records = [_sized_row("ours_set", "pallas", 4, 10.0), _sized_row("ours_set", "triton", 4, 10.0),
+               _sized_row("xla_set", "-", 4, 12.0), _sized_row("ours_set", "pallas", 1024, 40.0),
+               _sized_row("ours_set", "triton", 1024, 20.0),
+               _errored(_sized_row("xla_set", "-", 1024, 0.0))]
+    entry = choose_backends.choose(records)[1]["set"]["float32"]["256"]
+    assert entry["backend"] == "triton" and entry["cases"] == 1
+    assert entry["left_out"] == ["256 rows x 1024 B: no usable xla"]
+
+
+def test_choose_backends_decides_no_win_of_xla_s_path_on_evidence_rows_left_out(
+        tmp_path, capsys):
+    # XLA's path beat the kernel in the source; with materialized inputs it lost 3x in
+    # the one case whose row errored. A win needs a loss in no case: with that row left
+    # out the class stays on the kernel, and its entry and stderr name the row.
+    source = _xla_path_case("set", 256, 30.0, 10.0, 11.0)
+    lost = _xla_path_case("set", 256, 20.0, 25.0, 60.0)
+    errored = [*lost[:2], _errored(lost[2])]
+    row = "ours_set[auto] float32 256 rows x 512 B: error"
+
+    def entry(**kw):
+        return choose_backends.choose(source, **kw)[1]["set"]["float32"]["256"]
+
+    assert entry(materialized=lost)["backend"] == "pallas"
+    assert entry()["backend"] == "xla"
+    undecided = entry(materialized=errored)
+    assert undecided["backend"] == "pallas"
+    assert undecided["xla_path"] == (
+        f"undecided (this run: faster where measured, rows left out: materialized inputs: {row})")
+    # A loss measured beside a row left out is still a loss, said with the row.
+    both = [*lost, _sized_row("ours_set", "pallas", 4, 20.0), _sized_row("xla_set", "-", 4, 25.0),
+            _errored(_sized_row("ours_set", "auto", 4, 0.0))]
+    lost_entry = entry(materialized=both)
+    assert lost_entry["backend"] == "pallas" and lost_entry["xla_path"].startswith(
+        "not faster than the kernel (this run;")
+    assert "rows left out: materialized inputs: ours_set[auto] float32 256 rows x 4 B" in (
+        lost_entry["xla_path"])
+    # The same for an earlier run's read-back row: that run does not decide the win.
+    read = [_row("ours_set_read", "pallas", 256, 40.0),
+            _errored(_row("ours_set_read", "auto", 256, 0.0))]
+    no_auto = [r for r in source if r["backend"] != "auto"]
+    earlier = choose_backends.choose(no_auto, {"old.json": source + read})
+    assert earlier[1]["set"]["float32"]["256"]["xla_path"] == (
+        "undecided (old.json: faster where measured, rows left out: old.json: "
+        "ours_set_read[auto] float32 256 rows x 512 B: error)")
+    # The command line names every evidence run's rows it did not read, as the source's.
+    paths = {}
+    for name, records, meta in (("loop", no_auto, {}), ("old", source + read, {}),
+                                ("mat", errored, {"inputs": "materialized"})):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps({"meta": meta, "records": records}))
+    out = tmp_path / "t.json"
+    assert choose_backends.main([str(paths["loop"]), "--out", str(out), "--xla-path-from",
+                                 str(paths["old"]), "--materialized-from",
+                                 str(paths["mat"])]) == 0
+    err = capsys.readouterr().err
+    assert f"row not read ({paths['mat']}): {row}" in err
+    assert f"row not read ({paths['old']}): ours_set_read[auto] float32 256 rows x 512 B" in err
+    assert json.loads(out.read_text())["choices"]["set"]["float32"]["256"]["backend"] == "pallas"
