@@ -32,6 +32,15 @@ export PALLAS_PINNED_TRITON_CACHE=${PALLAS_PINNED_TRITON_CACHE:-/tmp/triton_cach
 mkdir -p "$OUT"
 stages=${1:-"tests quick"}
 log() { echo "== $* ($(date -u +%H:%M:%S))"; }
+# Every command a stage runs ends in `ended NAME $?`: it prints `NAME rc=N` (124: its timeout
+# ran out) and remembers a failure; the later stages still run, and the session exits 1.
+failed=""
+ended() {
+  local why=""
+  [ "$2" -eq 124 ] && why=" (timed out)"
+  echo "$1 rc=$2$why"
+  [ "$2" -eq 0 ] || failed="$failed $1"
+}
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -48,27 +57,29 @@ for stage in $stages; do
   case "$stage" in
     tests)
       log "pytest -m gpu"
+      # pipefail: the pipeline's status is pytest's (or timeout's), not tee's.
       timeout 330 python3 -m pytest tests -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 \
-        | tail -60 | tee "$OUT/gpu_tests.log" ;;
+        | tail -60 | tee "$OUT/gpu_tests.log"
+      ended tests $? ;;
     quick|full)
       log "bench $stage"
       flags=$([ "$stage" = quick ] && echo "--quick --big-buffer-gib 32" || echo "")
       timeout 420 python3 -m benchmarks.sweep $flags --out /tmp/bench_$stage \
-        > "$OUT/bench_$stage.log" 2>&1; echo "bench rc=$?"
+        > "$OUT/bench_$stage.log" 2>&1; ended "bench_$stage" $?
       tail -40 "$OUT/bench_$stage.log"
       tar czf "$OUT/bench_$stage.tgz" -C /tmp/bench_$stage . ;;
     demo)
       log "python -m pallas_pinned"
-      timeout 200 python3 -m pallas_pinned 2>&1 | tee "$OUT/demo.log"; echo "demo rc=$?" ;;
+      timeout 200 python3 -m pallas_pinned 2>&1 | tee "$OUT/demo.log"; ended demo $? ;;
     gatheradd)
       log "bench gather/add"
       timeout 200 python3 -m benchmarks.gather_add --out "$OUT" > "$OUT/bench_gather_add.log" 2>&1
-      echo "gatheradd rc=$?"; tail -30 "$OUT/bench_gather_add.log" ;;
+      ended gatheradd $?; tail -30 "$OUT/bench_gather_add.log" ;;
     loop)
       loop_args=${LOOP_ARGS-"--backends pallas,triton"}
       log "bench loop $loop_args"
       timeout 420 python3 -m benchmarks.loop $loop_args --out /tmp/bench_loop \
-        > "$OUT/bench_loop.log" 2>&1; echo "loop rc=$?"
+        > "$OUT/bench_loop.log" 2>&1; ended loop $?
       tail -45 "$OUT/bench_loop.log"
       tar czf "$OUT/bench_loop.tgz" -C /tmp/bench_loop . ;;
     loopgraphs)
@@ -76,7 +87,7 @@ for stage in $stages; do
       log "bench loop, command buffers, $loop_args"
       timeout 420 python3 -m benchmarks.loop $loop_args \
         --xla-option xla_gpu_graph_min_graph_size=1 --out /tmp/bench_loop_graphs \
-        > "$OUT/bench_loop_graphs.log" 2>&1; echo "loopgraphs rc=$?"
+        > "$OUT/bench_loop_graphs.log" 2>&1; ended loopgraphs $?
       tail -45 "$OUT/bench_loop_graphs.log"
       tar czf "$OUT/bench_loop_graphs.tgz" -C /tmp/bench_loop_graphs . ;;
     loopmat)
@@ -84,17 +95,18 @@ for stage in $stages; do
       timeout 300 python3 -m benchmarks.loop --quick --backends pallas --patterns none \
         --xla-option xla_gpu_graph_min_graph_size=1 --inputs materialized --time-budget-s 150 \
         --no-plots --out /tmp/bench_loop_materialized \
-        > "$OUT/bench_loop_materialized.log" 2>&1; echo "loopmat rc=$?"
+        > "$OUT/bench_loop_materialized.log" 2>&1; ended loopmat $?
       tail -25 "$OUT/bench_loop_materialized.log"
       tar czf "$OUT/bench_loop_materialized.tgz" -C /tmp/bench_loop_materialized . ;;
     xlapath)
       log "bench loop, XLA's set and add path as auto, command buffers"
       python3 -m benchmarks.choose_backends --xla-path-table /tmp/xla_path_table.json
+      ended xlapath_table $?
       PALLAS_PINNED_BACKEND_TABLE=/tmp/xla_path_table.json timeout 270 python3 -m benchmarks.loop \
         --quick --backends pallas --patterns none \
         --providers baseline,floor_launch,xla_set,ours_set,xla_set_read,ours_set_read,xla_add,ours_add,xla_add_read,ours_add_read,ours_set_unique,ours_set_unique_read,ours_add_unique,ours_add_unique_read \
         --xla-option xla_gpu_graph_min_graph_size=1 --out /tmp/bench_xla_path \
-        > "$OUT/bench_xla_path.log" 2>&1; echo "xlapath rc=$?"
+        > "$OUT/bench_xla_path.log" 2>&1; ended xlapath $?
       tail -35 "$OUT/bench_xla_path.log"
       cp /tmp/xla_path_table.json /tmp/bench_xla_path/
       # The clients' verdicts (choose_backends --add-client-from, graphed, Zipf ids; and
@@ -106,13 +118,13 @@ for stage in $stages; do
           python3 -m benchmarks.sparse_training --xla-option xla_gpu_graph_min_graph_size=1 \
           $zipf_s ${SPARSE_ARGS:-} --out /tmp/bench_xla_path/sparse_$ids \
           > "$OUT/sparse_xla_path_$ids.log" 2>&1
-        echo "sparse xlapath $ids rc=$?"; grep -v host_offloader "$OUT/sparse_xla_path_$ids.log" | tail -14
+        ended "sparse_xlapath_$ids" $?; grep -v host_offloader "$OUT/sparse_xla_path_$ids.log" | tail -14
       done
       tar czf "$OUT/bench_xla_path.tgz" -C /tmp/bench_xla_path . ;;
     sparse)
       log "bench sparse training ${SPARSE_ARGS:-}"
       timeout 240 python3 -m benchmarks.sparse_training ${SPARSE_ARGS:-} --out "$OUT" \
-        > "$OUT/bench_sparse.log" 2>&1; echo "sparse rc=$?"
+        > "$OUT/bench_sparse.log" 2>&1; ended sparse $?
       tail -12 "$OUT/bench_sparse.log" ;;
     sparsesizes)
       # The sparse client graphed at smaller batches, on Zipf ids (they repeat) and on uniform
@@ -124,14 +136,14 @@ for stage in $stages; do
           log "bench sparse training graphed, $batch ids a step, zipf $zipf"
           timeout 60 python3 -m benchmarks.sparse_training --batch $batch --zipf-s $zipf \
             --xla-option xla_gpu_graph_min_graph_size=1 --out "$OUT/sparse_${batch}_$zipf" \
-            > "$OUT/sparse_${batch}_$zipf.log" 2>&1; echo "sparse $batch $zipf rc=$?"
+            > "$OUT/sparse_${batch}_$zipf.log" 2>&1; ended "sparse_${batch}_$zipf" $?
           grep -E "^(device|ours|ours_sorted|xla|transfer) " "$OUT/sparse_${batch}_$zipf.log"
         done
       done ;;
     tune)
       log "bench tune"
       timeout 360 python3 -m benchmarks.tune --out /tmp/bench_tune \
-        > "$OUT/bench_tune.log" 2>&1; echo "tune rc=$?"
+        > "$OUT/bench_tune.log" 2>&1; ended tune $?
       tail -20 "$OUT/bench_tune.log"
       tar czf "$OUT/bench_tune.tgz" -C /tmp/bench_tune . ;;
     notebooks)
@@ -139,10 +151,17 @@ for stage in $stages; do
       for nb in notebooks/0*.ipynb; do
         b=$(basename "$nb" .ipynb); log "notebook $b"
         timeout 200 python3 notebooks/run_as_script.py "$nb" --figures /tmp/figs > "/tmp/figs/$b.log" 2>&1
-        echo "$b rc=$?"; tail -n 1 "/tmp/figs/$b.log"
+        ended "$b" $?; tail -n 1 "/tmp/figs/$b.log"
       done
       grep -hE "triton custom calls|S\(5\)|copies|matches numpy|LIVE|update loop|Triton kernels|final buffer|median step" /tmp/figs/*.log | head -30
       tar czf "$OUT/notebooks.tgz" -C /tmp/figs . ;;
+    *)
+      # Not a failure: `gpu_session.sh nostage` is the install alone (docs/GPU_RUNS.md).
+      echo "unknown stage: $stage (nothing run)" ;;
   esac
 done
 log done
+if [ -n "$failed" ]; then
+  echo "FAILED:$failed"
+  exit 1
+fi

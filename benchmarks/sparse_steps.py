@@ -129,15 +129,24 @@ def _read_once_scan(read, write, lr: float):
     return train
 
 
-def _transfer_scan(table, distinct, targets):
-    """Each step's distinct rows read and written back unchanged; ``targets`` unused."""
+def _transfer_scan(table, rows, targets):
+    """The measured floor: each step reads its distinct rows and writes them, shifted by one.
+
+    ``rows[s]`` is step ``s``'s pair of :func:`transfer_rows`: the distinct rows read,
+    ascending, and the rows written, each read row's successor. The values go straight
+    from the gather into the scatter, so the step costs a read of the distinct rows and
+    a write of all but one of them, and nothing else (no arithmetic, no ordering; the
+    scan slices each step's indices, as it did when the rows were written back where
+    they were read). Yet the written rows change, so a step that moves nothing fails
+    the check against :func:`transfer_replay`. ``targets`` is unused.
+    """
     del targets
 
-    def step(table, rows):
-        read = pp.gather_from_host(table, rows, mode="fill", fill_value=0, **_DISTINCT)
-        return pp.scatter_to_host(table, rows, read, mode="drop", **_DISTINCT), None
+    def step(table, pair):
+        values = pp.gather_from_host(table, pair[0], mode="fill", fill_value=0, **_DISTINCT)
+        return pp.scatter_to_host(table, pair[1], values, mode="drop", **_DISTINCT), None
 
-    return lax.scan(step, table, distinct)[0]
+    return lax.scan(step, table, rows)[0]
 
 
 def distinct_padded(ids: np.ndarray, num_rows: int) -> np.ndarray:
@@ -147,3 +156,26 @@ def distinct_padded(ids: np.ndarray, num_rows: int) -> np.ndarray:
     pads = [num_rows + np.arange(width - d.size) for d in distinct]
     return np.stack([np.concatenate([d, pad]) for d, pad in zip(distinct, pads, strict=True)]
                     ).astype(np.int32)
+
+
+def transfer_rows(ids: np.ndarray, num_rows: int) -> np.ndarray:
+    """``(steps, 2, width)`` int32: per step the rows the transfer floor reads
+    (:func:`distinct_padded`) and those it writes: entry ``j``'s value goes to the row read
+    by entry ``j + 1`` (the last real row's to a pad, out of range: dropped). Both sorted
+    and unique, as the floor's ops are promised."""
+    reads = distinct_padded(ids, num_rows)
+    past = np.full((reads.shape[0], 1), num_rows + reads.shape[1], np.int32)
+    return np.stack([reads, np.concatenate([reads[:, 1:], past], axis=1)], axis=1)
+
+
+def transfer_replay(table0: jax.Array, rows: np.ndarray) -> jax.Array:
+    """The table after one :func:`_transfer_scan` from ``table0``, replayed in numpy on the
+    rows it touches (each step's values read before any is written, as the step does)."""
+    num_rows = table0.shape[0]
+    touched = np.unique(rows[:, 0][rows[:, 0] < num_rows])
+    values = np.array(table0[jnp.asarray(touched)])  # a writable copy
+    for read, write in rows:
+        moved = write < num_rows
+        values[np.searchsorted(touched, write[moved])] = values[
+            np.searchsorted(touched, read[moved])]
+    return table0.at[touched].set(values)
