@@ -130,7 +130,9 @@ def test_kernels_never_import_the_package_above_them():
 
 
 def test_modules_stay_small():
-    sizes = {p.name: len(p.read_text().splitlines()) for p in _modules().values()}
+    # The benchmarks too: they are scripts, but read as code, and grew past the limit once.
+    paths = [*_modules().values(), *(ROOT / "benchmarks").glob("*.py")]
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in paths}
     big = {name: lines for name, lines in sizes.items() if lines > 400}
     assert not big, big
 
