@@ -102,10 +102,15 @@ def replicated(a, layout: Layout):
     """``a`` on every device of the mesh: the all-gather (or nothing, if already so)."""
     a = _placement.to_device_memory(jnp.asarray(a))
     target = NamedSharding(layout.mesh, P())
-    if any(kind == _EXPLICIT for kind in layout.mesh.axis_types):
+    kinds = set(layout.mesh.axis_types)
+    if _EXPLICIT in kinds:
         # Explicit types change only through reshard, on a mesh that mixes in Auto
         # axes too: a sharding constraint there leaves an index typed sharded.
-        return jax.reshard(a, target)
+        a = jax.reshard(a, target)
+        if kinds == {_EXPLICIT}:
+            return a
+        # reshard leaves the Auto axes to the partitioner: an array sharded over one
+        # came back so (a read's fill, from its index), where a constraint pins it.
     return lax.with_sharding_constraint(a, target)
 
 

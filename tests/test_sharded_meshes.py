@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,3 +107,38 @@ def test_an_eager_shard_map_write_reuses_its_jit_wrapper():
         out_specs=P("data"),
     ))(jax.device_put(X0, NamedSharding(mesh, P("data"))), ids)
     assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+
+
+
+# Four CPU devices (the suite's process has two): a (2, 2) mesh, Auto axis "a" and Explicit
+# axis "b", both split. Prints each mode's result: equal to numpy's, and replicated.
+_MIXED_READ = """
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import pallas_pinned as pp
+mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Auto, AxisType.Explicit))
+x0 = np.arange(24, dtype=np.float32).reshape(8, 3)
+rows = np.array([1, 7, 2, 4], np.int32)
+index = jax.device_put(rows, NamedSharding(mesh, P("a")))
+seen = {}
+for mode in (None, "clip", "fill", "drop"):
+    x = jax.device_put(x0, NamedSharding(mesh, P("a"), memory_kind="pinned_host"))
+    out = pp.gather_from_host(x, index, mode=mode)
+    seen[str(mode)] = [np.asarray(out).tobytes() == x0[rows].tobytes(),
+                       out.sharding.is_fully_replicated, out.sharding.memory_kind]
+print(json.dumps(seen))
+"""
+
+
+def test_a_read_over_a_mixed_mesh_comes_back_replicated_whatever_its_index():
+    # The README: a gather from a sharded buffer is replicated in device memory. With the
+    # index sharded over the Auto axis of a mixed mesh, jax.reshard alone left the fill
+    # modes' result sharded like the index (the values were right).
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run([sys.executable, "-c", _MIXED_READ], capture_output=True, text=True,
+                          env=env, cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {mode: [True, True, "device"] for mode in ("None", "clip", "fill", "drop")}
