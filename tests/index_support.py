@@ -46,6 +46,15 @@ def update_values(rng, shape, dtype=np.float32) -> np.ndarray:
     return (-rng.integers(1, 9, size=shape)).astype(dtype)
 
 
+def method_values(rng, method: str, shape, buffer: np.ndarray, dtype) -> np.ndarray:
+    """The values a write of ``method`` takes: for min and max integers among the buffer's
+    own (1 to its size), so that either side wins somewhere (negative ones never win a max,
+    and always a min); for the rest :func:`update_values`."""
+    if method in ("min", "max"):
+        return rng.integers(1, buffer.size + 1, size=shape).astype(dtype)
+    return update_values(rng, shape, dtype)
+
+
 # --- index arrays as operands of jit -------------------------------------------
 
 
@@ -226,7 +235,7 @@ def write_shape(a, index, mode) -> tuple:
 def check_eager(rng, shape, index, methods, *, backend="xla", mode=None, dtype=np.float32):
     """Each method outside jit, on a fresh pinned copy, against jnp."""
     a = buffer_values(rng, shape, dtype)
-    values = {m: update_values(rng, write_shape(a, index, mode), dtype)
+    values = {m: method_values(rng, m, write_shape(a, index, mode), a, dtype)
               for m in methods if m != "get"}
     template, arrays = split(index)  # jnp takes a jax.ds with an array start only traced
     expected = run_jit(lambda a, v, arrays: {
@@ -261,7 +270,8 @@ def _prepare(case: Case, methods) -> Case:
     rng = case_rng(case.shape, describe(case.index), case.mode, np.dtype(case.dtype).name)
     case.a = buffer_values(rng, case.shape, case.dtype)
     shape = write_shape(case.a, case.index, case.mode)
-    case.values = {m: update_values(rng, shape, case.dtype) for m in methods if m != "get"}
+    case.values = {m: method_values(rng, m, shape, case.a, case.dtype)
+                   for m in methods if m != "get"}
     return case
 
 

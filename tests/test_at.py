@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import jax
@@ -40,6 +41,34 @@ def test_set_add_get_chain_matches_jnp(rng, backend, kind):
     expected = expected.at[idx].add(y_add)
     assert_same(read(x), np.asarray(expected))
     assert_same(read(got), np.asarray(expected.at[idx].get(mode="fill", fill_value=-1.0)))
+
+
+def test_every_keyword_reaches_the_op(rng, monkeypatch):
+    # The values above show mode only: a promise or a backend dropped on the way would
+    # leave them as they are. So the op layer under at() is watched.
+    at_module = importlib.import_module("pallas_pinned.at")  # the package's `at` is the function
+    real, seen = at_module._front, []
+
+    class Watched:
+        @staticmethod
+        def write(op, x, index, values, **keywords):
+            seen.append((op, keywords))
+            return real.write(op, x, index, values, **keywords)
+
+        @staticmethod
+        def read(x, index, **keywords):
+            seen.append(("get", keywords))
+            return real.read(x, index, **keywords)
+
+    monkeypatch.setattr(at_module, "_front", Watched)
+    x = put(make_values(rng, (10, 2), "float32"))
+    promises = {"unique_indices": True, "indices_are_sorted": True}
+    x = at(x)[[1, 4]].add(1.0, mode="clip", backend="interpret", **promises)
+    at(x)[[1, 4]].get(mode="fill", fill_value=-5.0, backend="xla", **promises)
+    assert seen == [
+        ("add", {"mode": "clip", "backend": "interpret", **promises}),
+        ("get", {"mode": "fill", "fill_value": -5.0, "backend": "xla", **promises}),
+    ]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -313,14 +313,23 @@ def test_add_unique_promise_with_clip_still_combines(rng, backend):
 
 @pytest.mark.parametrize("backend", VALUE_BACKENDS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_add_half_precision_sums_in_float32(backend, dtype):
-    # 300 ones into one row: float32 sums give 300 (exact in both types);
-    # jnp's running 16-bit sum stalls at 256 in bfloat16.
+@pytest.mark.parametrize("num", [3, 100])  # the one-launch add, and the runs of an order
+def test_add_half_precision_sums_in_float32(backend, dtype, num):
+    # Ones around one large value (256 in bfloat16, 2048 in float16: spacing 2 there) into
+    # one row: summed in float32 (exact) and rounded once. A sum in the 16-bit type rounds
+    # at more steps and lands elsewhere (bfloat16: 256 for 3 entries, 354 for 100, against
+    # 258 and 356). 300 ones alone (the earlier test) sum exactly in 16 bits in a tree.
+    big = {"bfloat16": 256, "float16": 2048}[dtype]
+    updates = np.ones((num, 1), np.float32)
+    updates[1] = big
     x0 = np.zeros((2, 1), np_dtype(dtype))
-    out = scatter_add_to_host(
-        put(x0), jnp.zeros(300, jnp.int32), jnp.ones((300, 1), dtype), backend=backend
-    )
-    assert read(out)[0, 0] == 300 and read(out)[1, 0] == 0
+    out = scatter_add_to_host(put(x0), jnp.zeros(num, jnp.int32),
+                              jnp.asarray(updates, dtype), backend=backend)
+    want = np.float32(big + num - 1).astype(np_dtype(dtype))
+    assert read(out)[0, 0] == want and read(out)[1, 0] == 0
+    ones_only = scatter_add_to_host(put(x0), jnp.zeros(300, jnp.int32),
+                                    jnp.ones((300, 1), dtype), backend=backend)
+    assert read(ones_only)[0, 0] == 300  # jnp's running 16-bit sum stalls at 256 (bfloat16)
 
 
 @pytest.mark.parametrize("backend", VALUE_BACKENDS)
