@@ -23,7 +23,11 @@ import pytest
 # before jax initializes its backends, i.e. before anything asks for devices.
 jax.config.update("jax_num_cpu_devices", 2)
 
-from tests.helpers import EXTRA_SKIP_REASONS, has_gpu  # noqa: E402  (may initialize backends)
+from tests.helpers import (  # noqa: E402  (may initialize backends)
+    EXTRA_SKIP_REASONS,
+    check_interpret_runs_kernels,
+    has_gpu,
+)
 
 # Without a GPU the suite compiles thousands of tiny programs and runs each once
 # or twice: XLA's CPU optimizations (LLVM's) cost more compile time than they
@@ -73,6 +77,16 @@ def backend_table(monkeypatch):
     use(None)
 
 
+@pytest.fixture(autouse=True)
+def _interpret_runs_kernels(monkeypatch):
+    """Every test: an op called with backend="interpret" must run a Pallas kernel.
+
+    The test modules call the ops themselves (the helpers only see results), so the
+    check sits on the ops' one front (``tests/helpers.py``, check_interpret_runs_kernels).
+    """
+    check_interpret_runs_kernels(monkeypatch)
+
+
 @pytest.fixture
 def rng(request):
     """A different random stream per test case, the same in every process and run.
@@ -120,6 +134,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(
             f"FAILED (CI): {sum(missing.values())} tests skipped for a dependency of the "
             f"[test] extra: {dict(missing)}; the extra must install them (triton, jax-triton, "
-            "the notebook packages)",
+            "the notebook packages, orbax-checkpoint)",
             red=True,
         )

@@ -6,6 +6,9 @@ benchmarks); this module only adapts them to the tests' habits.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -112,8 +115,10 @@ TRITON_MISSING = "triton is not installed"
 TRITON_EXTRA_MISSING = "needs the triton extra (pip install -e \".[triton]\")"
 JAX_TRITON_MISSING = "jax-triton is not installed"
 NOTEBOOK_PACKAGES_MISSING = "the notebook packages of the [test] extra are not installed"
+ORBAX_MISSING = "needs orbax-checkpoint"  # tests/provenance_child.py's orbax maker
 EXTRA_SKIP_REASONS = (
     TRITON_MISSING, TRITON_EXTRA_MISSING, JAX_TRITON_MISSING, NOTEBOOK_PACKAGES_MISSING,
+    ORBAX_MISSING,
 )
 
 # Every correctness case runs through each backend. "pallas" and "triton"
@@ -220,3 +225,100 @@ def check_gather(out, x0, idx, mode=None, fill_value=None) -> None:
     expected = np.asarray(jnp.asarray(x0).at[jnp.asarray(idx)].get(mode=mode, **kwargs))
     assert_same(read(out), expected, what="vs jnp")
     assert_same(expected, gather_oracle(x0, np.asarray(idx), mode, fill_value), what="oracle")
+
+
+# --- interpret runs a kernel -----------------------------------------------------------
+#
+# "interpret" is the one backend that runs the Pallas kernels off a GPU, and a case that
+# silently took XLA's path instead would still match every oracle. So each read and
+# write called with it must stage a pallas_call (check_interpret_runs_kernels). The
+# staged program is what is checked, not a spy on the kernels at trace time: the ops'
+# jits keep their traced programs, so a signature called again traces nothing, whereas
+# jax.make_jaxpr hands back the kept program whole (and for a read the call that
+# follows reuses the trace that make_jaxpr made).
+
+
+def calls_pallas(jaxpr) -> bool:
+    """Whether ``jaxpr`` (a Jaxpr or ClosedJaxpr), or one nested in it, has a pallas_call."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            return True
+        # Nested programs (jit, custom_vjp, custom_vmap, cond's branches, while,
+        # shard_map) sit in the equation's parameters, alone or in tuples.
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                if hasattr(getattr(sub, "jaxpr", sub), "eqns") and calls_pallas(sub):
+                    return True
+    return False
+
+
+def _moves_nothing(name, call, program, real_read) -> bool:
+    """Whether the library rightly runs no kernel for this call: nothing to read or write.
+
+    ``_local_read.read_traced`` returns without one when the result or the buffer
+    has no elements, ``_local_write.write_traced`` (and ``write``) when the index
+    selects no entries or the buffer has no elements; a rank-0 host buffer's one
+    value is computed on the device (``_local_write._scalar_write``).
+    """
+    x = call.arguments["x"]
+    if x.size == 0:
+        return True
+    if name == "read":
+        return any(aval.size == 0 for aval in program.out_avals)
+    if x.ndim == 0 and x.aval.memory_space == jax.memory.Space.Host:
+        return True
+    # How many elements the index selects: the shape of the same index read (by XLA,
+    # staged only), which is the shape the write broadcasts its updates to.
+    selected = jax.eval_shape(lambda: real_read(
+        x, call.arguments["index"], mode=None, fill_value=None, indices_are_sorted=False,
+        unique_indices=False, backend="xla",
+    ))
+    return selected.size == 0
+
+
+def _kernel_checked(real, real_read):
+    """``real`` (``_front.read`` or ``_front.write``), asserting that "interpret" stages
+    a pallas_call wherever there is something to read or write."""
+    signature = inspect.signature(real)
+
+    @functools.wraps(real)
+    def run(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        if call.arguments.get("backend") != "interpret":
+            return real(*args, **kwargs)
+        try:
+            # Closing over the arguments keeps concrete ones concrete, so the op takes
+            # its eager path as the call below does (a read hits the same jit entry; a
+            # write its non-donating twin: nothing runs here, no buffer is consumed).
+            program = jax.make_jaxpr(lambda: real(*args, **kwargs))()
+        except Exception:
+            # Bad input: the test expects the op's own error, so the op raises it. Should
+            # the op run, the trace's error is a fault of this check, and shows.
+            real(*args, **kwargs)
+            raise
+        if not calls_pallas(program) and not _moves_nothing(
+            real.__name__, call, program, real_read
+        ):
+            x = call.arguments["x"]
+            raise AssertionError(
+                f'backend="interpret" ran no Pallas kernel: {real.__name__} of x '
+                f"{x.dtype}{list(x.shape)} at {call.arguments['index']!r:.200} staged no "
+                "pallas_call (did it take XLA's path?)"
+            )
+        return real(*args, **kwargs)
+
+    return run
+
+
+def check_interpret_runs_kernels(monkeypatch) -> None:
+    """Makes every op called with ``backend="interpret"`` fail unless it runs a kernel.
+
+    Every public op (and ``at``) goes through ``_front.read`` or ``_front.write``;
+    ``monkeypatch`` puts the originals back after the test.
+    """
+    from pallas_pinned import _front
+
+    real_read = _front.read
+    for name in ("read", "write"):
+        monkeypatch.setattr(_front, name, _kernel_checked(getattr(_front, name), real_read))

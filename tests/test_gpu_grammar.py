@@ -1,9 +1,11 @@
-"""The index grammar on the GPU: every form and method on a pinned_host buffer against jnp.
+"""The index grammar on a pinned_host buffer: every form and method against jnp.
 
 jnp on a device-memory copy is the oracle. Each case runs eagerly and inside
 a donating jit, through ``auto`` (block copies for blocks, kernels for rows)
 and each kernel backend explicitly; the result must stay in pinned_host
-memory. Needs a CUDA GPU (marker ``gpu``).
+memory. The ``pallas`` and ``triton`` cases and the HLO check need a CUDA GPU
+(marker ``gpu``); the rest run on CPU too, and with a GPU they are marked
+``gpu`` as well, so that the GPU suite (``-m gpu``) still runs them there.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import pytest
 
 import pallas_pinned as pp
 from pallas_pinned import tuning
-from tests.helpers import TRITON
+from tests.helpers import PALLAS, TRITON, has_gpu
 
-pytestmark = pytest.mark.gpu
+# Where a GPU is seen the whole module is the GPU suite's (-m gpu), as it always
+# was; without one only what is marked gpu below (it needs a GPU) is skipped.
+pytestmark = [pytest.mark.gpu] if has_gpu() else []
 
 SHAPE = (12, 10, 6)
 FORMS = {
@@ -37,8 +41,10 @@ FORMS = {
 METHODS = ("set", "add", "min", "max", "multiply")
 
 
-# Triton as a marked parameter: without the extra it shows as a skip, never vanishes.
-BACKENDS = ["auto", "pallas", "xla", TRITON]
+# pallas and triton as parameters marked gpu: without a GPU (or the extra) they
+# show as skips, never vanish. auto keeps its CPU cases: it meets jit and donation
+# here (tests/helpers.py, AUTO_REPEATS_XLA).
+BACKENDS = ["auto", PALLAS, "xla", TRITON]
 
 
 def _oracle(a):
@@ -111,6 +117,7 @@ def test_traced_block_in_a_scan_matches_jnp(mode, block_copy):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
 
+@pytest.mark.gpu
 def test_block_write_in_jit_does_not_copy_the_buffer():
     # XLA's copy of a block into an aliased host buffer: the compiled program
     # keeps the buffer in host memory (S(5)) and copies no more than the block.
