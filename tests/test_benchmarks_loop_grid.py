@@ -302,3 +302,13 @@ def test_the_time_budget_s_cut_is_reported_and_fewer_runs_are_named(monkeypatch,
         " (1 rows fewer: timed once, without warm-up, being slower than --max-run-s 0 s; "
         "their records say runs 1)")
     assert loop.fewer_runs(args, [{"runs": 4}]) == ""
+
+
+def test_a_bfloat16_add_passes_whether_its_update_was_rounded_or_not(tmp_path):
+    # XLA on CPU keeps base + t in float32 where it feeds our add's float32 accumulator
+    # (and rounds it before its own add): either replay may hold per element, and the
+    # CPU grid's bfloat16 case failed every one of our adds under one replay alone.
+    assert loop.main(["--cpu", "--dtypes", "bfloat16", "--rows", "16", "--row-bytes", "256",
+                      "--steps", "6", "--runs", "1", "--rounds", "1", "--patterns", "none",
+                      "--providers", "xla_add,ours_add,ours_add_read,ours_add_unique",
+                      "--no-plots", "--out", str(tmp_path)]) == 0
