@@ -99,7 +99,7 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
     if isinstance(indices, np.ndarray):
         # As the ops narrow host indices: saturating, so that a value past the index
         # type stays out of range (jax would truncate it onto a real row).
-        indices = _rows.to_wide_numpy(_rows.without_sub_byte(indices), _rows.index_dtype())
+        indices = _rows.widen(_rows.without_sub_byte(indices))
     return _sort(indices, int(num_rows), mode, tuning.current().runs_rank_max)
 
 
