@@ -42,7 +42,9 @@ class Bound:
 
     ``unsynced`` is the same step without its own wait and ``wait(state)`` waits
     for every step issued: given both, the sweep also times calls back to back,
-    as a loop of calls runs (no wait between them).
+    as a loop of calls runs (no wait between them). ``observed(fn)``, for a copy
+    that releases what it made (target "none"), is the same step calling ``fn``
+    on that array before releasing it: how the sweep checks the copy.
     """
 
     step: Callable
@@ -50,6 +52,7 @@ class Bound:
     prepare: Callable[[], tuple] | None = None
     unsynced: Callable | None = None
     wait: Callable[[Any], Any] | None = None
+    observed: Callable[[Callable[[Any], None]], Bound] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,14 +169,16 @@ def _skip_device_roundtrip(bench: Bench, data: CaseData) -> str | None:
     return None
 
 
-def _bind_device_put(bench: Bench, data: CaseData, updates) -> Bound:
+def _bind_device_put(bench: Bench, data: CaseData, updates, observe=None) -> Bound:
     def copy(state):
         out = jax.device_put(updates, bench.pinned)
         out.block_until_ready()
+        if observe is not None:
+            observe(out)
         out.delete()
         return state
 
-    return Bound(copy)
+    return Bound(copy, observed=lambda fn: _bind_device_put(bench, data, updates, fn))
 
 
 @functools.cache

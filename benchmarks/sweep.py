@@ -20,7 +20,6 @@ than ``--max-run-s``): the summary reads those.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import sys
 from pathlib import Path
@@ -114,7 +113,7 @@ def check_copy(bench: Bench, data: CaseData, provider: Provider, bound,
     fail. Checked: the updates at ``sample.hit_positions`` (the scatters' sample).
     The torch ceiling copies into the head of the host buffer, those rows first
     set to the complement of what it must write; the jax one deletes its copy
-    inside the call, so the rows are read as ``jax.device_put`` returns it.
+    inside the call, so the rows are read through ``Bound.observed`` before that.
     """
     positions = data.sample.hit_positions
     want = _row_bytes(updates.host_hits(data))
@@ -125,10 +124,18 @@ def check_copy(bench: Bench, data: CaseData, provider: Provider, bound,
         with environment.captured_output() as out:
             _call_once(bench, provider, bound)
         got = head[positions]
+    elif bound.observed is None:
+        return "the copy cannot be checked (its Bound has no observed)", ""
     else:
         kept: list[np.ndarray] = []
-        with _pinned_puts(positions, kept), environment.captured_output() as out:
-            _call_once(bench, provider, bound)
+
+        def keep(copy: jax.Array) -> None:
+            if copy.sharding.memory_kind == "pinned_host":
+                kept.append(checks.read_rows(copy, positions))
+
+        checked = bound.observed(keep)
+        with environment.captured_output() as out:
+            _call_once(bench, provider, checked)
         if not kept:
             return "the copy put nothing in pinned memory", out["text"]
         got = _row_bytes(kept[-1])
@@ -138,25 +145,6 @@ def check_copy(bench: Bench, data: CaseData, provider: Provider, bound,
 
 def _row_bytes(rows: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(rows).reshape(rows.shape[0], -1).view(np.uint8)
-
-
-@contextlib.contextmanager
-def _pinned_puts(positions: np.ndarray, kept: list):
-    """Keeps the rows at ``positions`` of each array ``jax.device_put`` puts in pinned
-    memory: around the jax ceiling's checked call only (it looks the function up per call)."""
-    put = jax.device_put
-
-    def keeping(x, *args, **kwargs):
-        result = put(x, *args, **kwargs)
-        if isinstance(result, jax.Array) and result.sharding.memory_kind == "pinned_host":
-            kept.append(checks.read_rows(result, positions))
-        return result
-
-    jax.device_put = keeping
-    try:
-        yield
-    finally:
-        jax.device_put = put
 
 
 def measure(

@@ -329,6 +329,41 @@ def test_the_torch_ceilings_copy_is_checked_in_the_host_buffers_head():
         assert (mismatch == "") is right, mismatch
 
 
+def test_the_jax_ceilings_copy_is_checked_through_its_observed_step():
+    # The jax ceiling deletes its copy inside the call: the check reads it through
+    # Bound.observed. A right copy passes; one that puts nothing, copies to device
+    # memory, puts other rows or cannot be observed fails.
+    import jax
+    import numpy as np
+
+    from benchmarks import sweep
+    from benchmarks.workspace import CheckUpdates
+
+    upd = np.arange(24, dtype=np.float32).reshape(6, 4)
+    data = SimpleNamespace(upd=upd, case=SimpleNamespace(n_updates=6, row_bytes=16),
+                           sample=SimpleNamespace(hit_positions=np.array([0, 2, 5])))
+    bench = SimpleNamespace(x=None)
+    rolled = np.roll(upd, 1, axis=0)  # what CheckUpdates(1, None) hands the provider
+
+    def bound(made, space=jax.memory.Space.Host):
+        def observed(fn):
+            def step(state):
+                if made is not None:
+                    fn(jax.device_put(made, space))
+                return state
+            return providers.Bound(step)
+        return providers.Bound(lambda state: state, observed=observed)
+
+    ceiling = SimpleNamespace(updates="jax", target="none")
+    cases = ((bound(rolled), ""), (bound(None), "the copy put nothing in pinned memory"),
+             (bound(rolled, jax.memory.Space.Device), "the copy put nothing in pinned memory"),
+             (bound(rolled + 1), "sampled rows of the copy differ from the updates"),
+             (providers.Bound(lambda state: state), "the copy cannot be checked"))
+    for made, want in cases:
+        mismatch, _ = sweep.check_copy(bench, data, ceiling, made, CheckUpdates(1, None))
+        assert mismatch.startswith(want) and (mismatch == "") == (want == ""), mismatch
+
+
 def test_only_a_failed_import_makes_a_provider_unavailable():
     gpu_without_torch = SimpleNamespace(
         gpu=True, torch=None, notes={"torch_unavailable": "torch is not importable (x)"})
