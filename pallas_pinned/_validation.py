@@ -81,7 +81,8 @@ def check_updates(updates: Any, target_shape: tuple[int, ...], x_dtype) -> None:
         result = np.broadcast_shapes(shape, target_shape)
     except ValueError:
         result = None
-    if result != tuple(target_shape):
+    # A write that selects nothing takes updates of any shape, as jnp's scatter does.
+    if result != tuple(target_shape) and math.prod(target_shape) != 0:
         raise ValueError(
             f"updates of shape {shape} cannot be broadcast to {tuple(target_shape)} "
             "(the shape the index writes: x.at[index].get()'s, but with each jax.ds window at "

@@ -115,13 +115,17 @@ def test_set_and_add_consume_x_get_keeps_it(rng):
     assert x.is_deleted()
 
 
+@pytest.mark.parametrize("updates_shape", [(), (3, 2), (5,)], ids=str)
 @pytest.mark.parametrize("index", [slice(4, 2), np.zeros((0,), np.int32)], ids=["slice", "array"])
-def test_a_write_that_selects_nothing_returns_x_alive(rng, index):
+def test_a_write_that_selects_nothing_returns_x_alive(rng, index, updates_shape):
+    # Updates of any shape, as jnp's scatter takes them when nothing is selected.
     x0 = make_values(rng, (6, 2), "float32")
+    updates = np.ones(updates_shape, np.float32)
+    want = np.asarray(jnp.asarray(x0).at[index].add(updates))
     x = put(x0)
-    out = at(x)[index].add(1.0)
+    out = at(x)[index].add(updates)
     assert out is x and not x.is_deleted()
-    np.testing.assert_array_equal(read(out), x0)
+    np.testing.assert_array_equal(read(out), want)
 
 
 def test_updates_of_a_window_past_its_axis_take_the_windows_full_size(rng):

@@ -106,6 +106,15 @@ _CHILD = textwrap.dedent(
                                                                  starts)
         assert got.shape == (0, 3) and len(got.sharding.device_set) == 4, got.sharding
 
+    # A write that selects nothing takes updates of any shape, as jnp's does.
+    for sharding in (sharded, replicated):
+        for index in (slice(2, 2), np.zeros((0,), np.int32)):
+            ones = np.ones((5, 2), np.float32)
+            for call in (lambda x: pp.at(x)[index].add(ones),
+                         jax.jit(lambda x: pp.at(x)[index].add(ones), donate_argnums=0)):
+                out = call(jax.device_put(x0, sharding))
+                assert np.asarray(out).tobytes() == x0.tobytes(), (sharding, index)
+
     # A mesh that mixes axis types: a block write into a replicated buffer.
     mixed = jax.make_mesh((2, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Explicit,
                                                           jax.sharding.AxisType.Auto))
