@@ -167,10 +167,18 @@ def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
             if not (named and _placement.same_mesh(a.sharding.mesh, layout.mesh)):
                 raise ValueError(
                     f"{name} is sharded over another mesh than x ({a.sharding} against "
-                    f"{dict(layout.mesh.shape)}); put it on x's mesh or on one of its devices"
+                    f"{dict(layout.mesh.shape)}); put it on x's mesh, e.g. jax.device_put({name}, "
+                    "NamedSharding(x.sharding.mesh, P()))"
                 )
             return a  # On the mesh already: the traced step gathers it.
-    # numpy, or one device: a broadcast, which moves what an all-gather moves.
+        if a.committed and devices != set(layout.mesh.devices.flat):
+            # Committed to some of the mesh's devices: jnp refuses it too.
+            raise ValueError(
+                f"{name} is on {sorted(map(str, devices))} but x is on its mesh "
+                f"{dict(layout.mesh.shape)}; put it on x's mesh first, e.g. "
+                f"jax.device_put({name}, NamedSharding(x.sharding.mesh, P()))"
+            )
+    # numpy, or uncommitted on one device: a broadcast, which moves what an all-gather moves.
     return jax.device_put(a, NamedSharding(layout.mesh, P()))
 
 

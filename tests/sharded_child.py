@@ -229,6 +229,11 @@ def run_mesh(size: int) -> dict:
         if size < len(devices):
             bad.append((x0, P("data"), jax.device_put(np.array([1]), devices[-1]), 0.0,
                         "outside x's mesh"))
+        if size > 1:  # Committed to one device of the mesh: jnp refuses it too.
+            one, text = devices[0], "but x is on its mesh"
+            bad += [(x0, P("data"), jax.device_put(np.array([1]), one), 0.0, text),
+                    (x0, P("data"), np.array([1]), jax.device_put(np.ones(3, np.float32), one),
+                     text)]
         for data, spec, idx, upd, text in bad:
             x = jax.device_put(data, NamedSharding(mesh, spec, memory_kind="pinned_host"))
             kw = {"mode": "wrapped"} if text == "unknown mode" else {}
