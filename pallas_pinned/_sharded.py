@@ -160,23 +160,24 @@ def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
         if a.committed and not devices <= set(layout.mesh.devices.flat):
             raise ValueError(
                 f"{name} is on {sorted(map(str, devices))}, outside x's mesh "
-                f"{dict(layout.mesh.shape)}; move it with jax.device_put first"
+                f"{dict(layout.mesh.shape)}; put it on x's mesh first, e.g. jax.device_put("
+                f"{_validation.as_code(name)}, NamedSharding(x.sharding.mesh, P()))"
             )
         if len(devices) > 1:
             named = isinstance(a.sharding, NamedSharding)
             if not (named and _placement.same_mesh(a.sharding.mesh, layout.mesh)):
                 raise ValueError(
                     f"{name} is sharded over another mesh than x ({a.sharding} against "
-                    f"{dict(layout.mesh.shape)}); put it on x's mesh, e.g. jax.device_put({name}, "
-                    "NamedSharding(x.sharding.mesh, P()))"
+                    f"{dict(layout.mesh.shape)}); put it on x's mesh, e.g. jax.device_put("
+                    f"{_validation.as_code(name)}, NamedSharding(x.sharding.mesh, P()))"
                 )
             return a  # On the mesh already: the traced step gathers it.
         if a.committed and devices != set(layout.mesh.devices.flat):
             # Committed to some of the mesh's devices: jnp refuses it too.
             raise ValueError(
                 f"{name} is on {sorted(map(str, devices))} but x is on its mesh "
-                f"{dict(layout.mesh.shape)}; put it on x's mesh first, e.g. "
-                f"jax.device_put({name}, NamedSharding(x.sharding.mesh, P()))"
+                f"{dict(layout.mesh.shape)}; put it on x's mesh first, e.g. jax.device_put("
+                f"{_validation.as_code(name)}, NamedSharding(x.sharding.mesh, P()))"
             )
     # numpy, or uncommitted on one device: a broadcast, which moves what an all-gather moves.
     return jax.device_put(a, NamedSharding(layout.mesh, P()))
@@ -192,8 +193,8 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
     plan, operands = _index_parse.parse(index, x.shape, mode, min_lead=1)
     _validation.check_updates(updates, plan.result_shape, x.dtype)
     _validation.check_not_aliased(x, ("updates", updates))
-    for k, operand in enumerate(operands):
-        _validation.check_not_aliased(x, (f"index array {k}", operand))
+    for name, operand in _validation.named_operands(operands):
+        _validation.check_not_aliased(x, (name, operand))
     if backend in _registry.KERNEL_BACKENDS:
         _registry.check_available(x, backend)
     shard_view = (plan.num_rows // layout.shards, plan.width)
@@ -201,7 +202,8 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
     if op != "set":
         _validation.check_offsets(backend, "updates", (plan.num_entries, plan.width), x.dtype)
     traced = not _placement.is_concrete(x)
-    operands = tuple(_place(f"index array {k}", a, layout, traced) for k, a in enumerate(operands))
+    operands = tuple(_place(name, a, layout, traced)
+                     for name, a in _validation.named_operands(operands))
     updates = _place("updates", updates, layout, traced)
     call = _local_write.WriteCall.of(
         op, plan, mode=mode, unique_indices=unique_indices,
@@ -242,7 +244,8 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
     _validation.check_offsets(backend, "a shard", shard_view, x.dtype)
     _validation.check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)
     traced = not _placement.is_concrete(x)
-    operands = tuple(_place(f"index array {k}", a, layout, traced) for k, a in enumerate(operands))
+    operands = tuple(_place(name, a, layout, traced)
+                     for name, a in _validation.named_operands(operands))
     call = _local_read.ReadCall.of(
         plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted, backend=backend
     )

@@ -108,11 +108,23 @@ def warn_if_lossy(updates: Any, x_dtype) -> None:
         )
 
 
+def named_operands(operands: tuple) -> list[tuple[str, Any]]:
+    """An index's dynamic operands with the names messages give them: ``indices`` for one."""
+    if len(operands) == 1:
+        return [("indices", operands[0])]
+    return [(f"index array {k}", operand) for k, operand in enumerate(operands)]
+
+
+def as_code(name: str) -> str:
+    """``name`` where a message's fix writes it as code: ``<index array 0>`` is a placeholder."""
+    return name if name.isidentifier() else f"<{name}>"
+
+
 def _moving(name: str, x: Any) -> str:
     """The call that puts an input on x's devices, in x's words."""
     if isinstance(x.sharding, jax.sharding.NamedSharding):
-        return f"jax.device_put({name}, NamedSharding(x.sharding.mesh, P()))"
-    return f"jax.device_put({name}, x.sharding.with_memory_kind('device'))"
+        return f"jax.device_put({as_code(name)}, NamedSharding(x.sharding.mesh, P()))"
+    return f"jax.device_put({as_code(name)}, x.sharding.with_memory_kind('device'))"
 
 
 def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
@@ -122,6 +134,7 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
     call, as jit moves it: on a buffer of another device, eagerly as under jit.
     """
     if not _placement.is_concrete(x):
+        _check_traced_on_one_device(x, others)
         return
     for name, other in others:
         if not (_placement.is_concrete(other) and other.committed):
@@ -138,9 +151,32 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
                 and not _placement.same_mesh(theirs.mesh, ours.mesh)):
             raise ValueError(
                 f"{name} is sharded over another mesh than x ({theirs} against "
-                f"{dict(ours.mesh.shape)}); put it on x's mesh, e.g. jax.device_put({name}, "
-                "NamedSharding(x.sharding.mesh, P()))"
+                f"{dict(ours.mesh.shape)}); put it on x's mesh, e.g. "
+                f"jax.device_put({as_code(name)}, NamedSharding(x.sharding.mesh, P()))"
             )
+
+
+def _check_traced_on_one_device(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
+    """Traced on one device (no mesh in its type), x takes no input typed as sharded
+    over a mesh: the kernels would fail deep inside Pallas, and jnp refuses it too."""
+    if _mesh_axes(x):
+        return
+    for name, other in others:
+        if not isinstance(other, jax.core.Tracer):
+            continue
+        sharding = getattr(jax.typeof(other), "sharding", None)
+        if any(axes is not None for axes in getattr(sharding, "spec", ())):
+            raise ValueError(
+                f"{name} is sharded over the mesh {dict(sharding.mesh.shape)} "
+                f"({sharding.spec}) but x is on one device; pass them on the same devices: "
+                f"{name} on x's device (jax.device_put({as_code(name)}, "
+                "x.sharding.with_memory_kind('device')), outside the jit) or x on that mesh"
+            )
+
+
+def _mesh_axes(x: Any) -> tuple:
+    return tuple(getattr(getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None),
+                         "axis_names", ()) or ())
 
 
 def check_not_aliased(x: Any, *others: tuple[str, Any]) -> None:
@@ -193,9 +229,9 @@ def check_write(
     check_updates(updates, plan.result_shape, x.dtype)
     check_same_device(x, ("indices", index), ("updates", updates))
     check_not_aliased(x, ("indices", index), ("updates", updates))
-    for k, operand in enumerate(operands):
-        check_same_device(x, (f"index array {k}", operand))
-        check_not_aliased(x, (f"index array {k}", operand))
+    for name, operand in named_operands(operands):
+        check_same_device(x, (name, operand))
+        check_not_aliased(x, (name, operand))
     check_kernel_backend(x, backend, plan)
     if op != "set":  # The read-modify-write kernels also address the (n, d) update rows.
         check_offsets(backend, "updates", (plan.num_entries, plan.width), x.dtype)
@@ -209,8 +245,8 @@ def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.I
     plan, operands = _index_parse.parse(index, x.shape, mode, read=True)
     check_rows_to_read(x.shape, plan, mode)
     check_same_device(x, ("indices", index))
-    for k, operand in enumerate(operands):
-        check_same_device(x, (f"index array {k}", operand))
+    for name, operand in named_operands(operands):
+        check_same_device(x, (name, operand))
     check_kernel_backend(x, backend, plan)
     check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)
     return plan, operands

@@ -220,7 +220,8 @@ def test_add_updates_on_another_device():
     assert not x.is_deleted()
 
 
-@pytest.mark.parametrize("layout", ["one device", "replicated over a mesh"])
+@pytest.mark.parametrize("layout", ["one device", "replicated over a mesh",
+                                    "sharded along axis 0"])
 def test_the_other_device_refusal_names_a_move_that_works(layout):
     if len(jax.devices()) < 2:
         pytest.skip("needs two devices")
@@ -229,7 +230,8 @@ def test_the_other_device_refusal_names_a_move_that_works(layout):
         x, elsewhere = put(x0, device=jax.devices()[1]), jax.devices()[0]
     else:
         mesh = jax.make_mesh((2,), ("data",))
-        x = jax.device_put(x0, NamedSharding(mesh, P(), memory_kind="pinned_host"))
+        spec = P() if layout.startswith("replicated") else P("data")
+        x = jax.device_put(x0, NamedSharding(mesh, spec, memory_kind="pinned_host"))
         elsewhere = jax.devices()[1]
     indices = jax.device_put(jnp.array([1, 1]), elsewhere)
     with pytest.raises(ValueError, match=r"indices is on .*e\.g\. (jax\.device_put\(.*\))$") as err:
@@ -240,6 +242,25 @@ def test_the_other_device_refusal_names_a_move_that_works(layout):
                           "x": x})
     out = scatter_add_to_host(x, moved, 1.0)
     np.testing.assert_array_equal(read(out)[1], x0[1] + 2)
+
+
+def test_a_traced_input_sharded_over_a_mesh_into_a_one_device_buffer_is_refused_by_name():
+    # Was a TypeError from inside Pallas ("sharded ref ... can only be indexed by slices");
+    # jnp refuses it too. The advice, run outside the jit, makes the call work.
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices")
+    x0 = np.arange(12, dtype=np.float32).reshape(6, 2)
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    indices = jax.device_put(np.array([1, 4], np.int32), NamedSharding(mesh, P("data")))
+    x = put(x0)
+    call = jax.jit(lambda x, i: scatter_add_to_host(x, i, 1.0), donate_argnums=0)
+    pattern = r"indices is sharded over the mesh .*on one device.*\((jax\.device_put\(.*\)), "
+    with pytest.raises(ValueError, match=pattern) as err:
+        call(x, indices)
+    assert not x.is_deleted()
+    advice = re.search(pattern, str(err.value)).group(1)
+    moved = eval(advice, {"jax": jax, "indices": indices, "x": x})
+    np.testing.assert_array_equal(read(call(x, moved))[[1, 4]], x0[[1, 4]] + 1)
 
 
 # --- rules the three ops share -------------------------------------------------------
