@@ -192,6 +192,8 @@ def winners(rows: jax.Array, num_rows: int) -> jax.Array:
 
 def transpose_to_updates(picked: jax.Array, updates: jax.Array) -> jax.Array:
     """Undoes the forward's cast to the buffer's dtype and its broadcast (sums, casts back)."""
+    if picked.size == 0:  # Nothing selected: updates of any shape (as jnp), none landed.
+        return jnp.zeros_like(updates)
     _, to_updates = jax.vjp(
         lambda u: jnp.broadcast_to(u.astype(picked.dtype), picked.shape), updates
     )

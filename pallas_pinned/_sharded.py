@@ -193,7 +193,7 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
     plan, operands = _index_parse.parse(index, x.shape, mode, min_lead=1)
     _validation.check_updates(updates, plan.result_shape, x.dtype)
     _validation.check_not_aliased(x, ("updates", updates))
-    for name, operand in _validation.named_operands(operands):
+    for name, operand in _validation.named_operands(index, operands):
         _validation.check_not_aliased(x, (name, operand))
     if backend in _registry.KERNEL_BACKENDS:
         _registry.check_available(x, backend)
@@ -203,7 +203,7 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
         _validation.check_offsets(backend, "updates", (plan.num_entries, plan.width), x.dtype)
     traced = not _placement.is_concrete(x)
     operands = tuple(_place(name, a, layout, traced)
-                     for name, a in _validation.named_operands(operands))
+                     for name, a in _validation.named_operands(index, operands))
     updates = _place("updates", updates, layout, traced)
     call = _local_write.WriteCall.of(
         op, plan, mode=mode, unique_indices=unique_indices,
@@ -245,7 +245,7 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
     _validation.check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)
     traced = not _placement.is_concrete(x)
     operands = tuple(_place(name, a, layout, traced)
-                     for name, a in _validation.named_operands(operands))
+                     for name, a in _validation.named_operands(index, operands))
     call = _local_read.ReadCall.of(
         plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted, backend=backend
     )

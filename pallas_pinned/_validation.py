@@ -108,11 +108,11 @@ def warn_if_lossy(updates: Any, x_dtype) -> None:
         )
 
 
-def named_operands(operands: tuple) -> list[tuple[str, Any]]:
-    """An index's dynamic operands with the names messages give them: ``indices`` for one."""
-    if len(operands) == 1:
-        return [("indices", operands[0])]
-    return [(f"index array {k}", operand) for k, operand in enumerate(operands)]
+def named_operands(index: Any, operands: tuple) -> list[tuple[str, Any]]:
+    """An index's dynamic operands with the names messages give them: ``indices`` for the
+    index itself, ``index array k`` for a part of it (a tuple's array, a window's start)."""
+    return [("indices" if operand is index else f"index array {k}", operand)
+            for k, operand in enumerate(operands)]
 
 
 def as_code(name: str) -> str:
@@ -229,7 +229,7 @@ def check_write(
     check_updates(updates, plan.result_shape, x.dtype)
     check_same_device(x, ("indices", index), ("updates", updates))
     check_not_aliased(x, ("indices", index), ("updates", updates))
-    for name, operand in named_operands(operands):
+    for name, operand in named_operands(index, operands):
         check_same_device(x, (name, operand))
         check_not_aliased(x, (name, operand))
     check_kernel_backend(x, backend, plan)
@@ -245,7 +245,7 @@ def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.I
     plan, operands = _index_parse.parse(index, x.shape, mode, read=True)
     check_rows_to_read(x.shape, plan, mode)
     check_same_device(x, ("indices", index))
-    for name, operand in named_operands(operands):
+    for name, operand in named_operands(index, operands):
         check_same_device(x, (name, operand))
     check_kernel_backend(x, backend, plan)
     check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)

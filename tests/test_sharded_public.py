@@ -114,6 +114,11 @@ _CHILD = textwrap.dedent(
                          jax.jit(lambda x: pp.at(x)[index].add(ones), donate_argnums=0)):
                 out = call(jax.device_put(x0, sharding))
                 assert np.asarray(out).tobytes() == x0.tobytes(), (sharding, index)
+        with jax.set_mesh(mesh):  # Its gradient: zeros of the updates' shape, as jnp's.
+            grad = jax.jit(jax.grad(lambda u, x: jax.device_put(
+                pp.at(x)[np.zeros((0,), np.int32)].add(u), jax.memory.Space.Device).sum()))
+            got = grad(np.ones(5, np.float32), jax.device_put(x0, sharding))
+        assert np.asarray(got).tobytes() == np.zeros(5, np.float32).tobytes(), sharding
 
     # A mesh that mixes axis types: a block write into a replicated buffer.
     mixed = jax.make_mesh((2, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Explicit,

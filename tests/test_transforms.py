@@ -47,6 +47,24 @@ def test_grad_of_a_broadcast_scalar_update():
     assert jax.grad(loss)(2.0) == 4.0  # Two surviving rows of two elements.
 
 
+@pytest.mark.parametrize("op", ["set", "add"])
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_grad_of_a_write_that_selects_nothing_is_zero_whatever_the_updates_shape(op, jitted):
+    # Such a write takes updates of any shape, as jnp's does; under jit the backward pass
+    # broadcast them to the empty write's shape and failed.
+    empty, updates = np.zeros((0,), np.int32), np.ones(5, np.float32)
+
+    def loss(u, x):
+        out = getattr(pp.at(x)[empty], op)(u)
+        return jnp.sum(jax.device_put(out, jax.memory.Space.Device))
+
+    grad = jax.jit(jax.grad(loss)) if jitted else jax.grad(loss)
+    got = grad(updates, put(np.zeros((6, 2), np.float32)))
+    want = jax.grad(lambda u: jnp.sum(getattr(jnp.zeros((6, 2)).at[empty], op)(u)))(updates)
+    np.testing.assert_array_equal(got, want)
+    assert got.shape == (5,)
+
+
 def test_grad_with_respect_to_the_buffer_is_refused():
     with pytest.raises(TypeError, match="stop_gradient"):
         jax.grad(lambda x: jnp.sum(pp.scatter_to_host(x, 1, 0.0)))(jnp.array(X0))
