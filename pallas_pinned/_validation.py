@@ -133,8 +133,10 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
     An uncommitted one (``jnp.array(...)`` on the default device) moves with the
     call, as jit moves it: on a buffer of another device, eagerly as under jit.
     """
-    if not _placement.is_concrete(x):
+    concrete = _placement.is_concrete(x)
+    if not concrete or len(x.sharding.device_set) == 1:  # Closed over by a jit, say.
         _check_traced_on_one_device(x, others)
+    if not concrete:
         return
     for name, other in others:
         if not (_placement.is_concrete(other) and other.committed):

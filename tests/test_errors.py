@@ -258,6 +258,9 @@ def test_a_traced_input_sharded_over_a_mesh_into_a_one_device_buffer_is_refused_
     with pytest.raises(ValueError, match=pattern) as err:
         call(x, indices)
     assert not x.is_deleted()
+    with pytest.raises(ValueError, match=pattern):  # x closed over: concrete in the trace.
+        jax.jit(lambda i: scatter_add_to_host(x, i, 1.0))(indices)
+    assert not x.is_deleted()
     advice = re.search(pattern, str(err.value)).group(1)
     moved = eval(advice, {"jax": jax, "indices": indices, "x": x})
     np.testing.assert_array_equal(read(call(x, moved))[[1, 4]], x0[[1, 4]] + 1)
