@@ -160,24 +160,24 @@ def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
         if a.committed and not devices <= set(layout.mesh.devices.flat):
             raise ValueError(
                 f"{name} is on {sorted(map(str, devices))}, outside x's mesh "
-                f"{dict(layout.mesh.shape)}; put it on x's mesh first, e.g. jax.device_put("
-                f"{_validation.as_code(name)}, NamedSharding(x.sharding.mesh, P()))"
+                f"{dict(layout.mesh.shape)}; put it on x's mesh first, e.g. "
+                f"{_validation.moving(name, onto_mesh=True)}"
             )
         if len(devices) > 1:
             named = isinstance(a.sharding, NamedSharding)
             if not (named and _placement.same_mesh(a.sharding.mesh, layout.mesh)):
                 raise ValueError(
                     f"{name} is sharded over another mesh than x ({a.sharding} against "
-                    f"{dict(layout.mesh.shape)}); put it on x's mesh, e.g. jax.device_put("
-                    f"{_validation.as_code(name)}, NamedSharding(x.sharding.mesh, P()))"
+                    f"{dict(layout.mesh.shape)}); put it on x's mesh, e.g. "
+                    f"{_validation.moving(name, onto_mesh=True)}"
                 )
             return a  # On the mesh already: the traced step gathers it.
         if a.committed and devices != set(layout.mesh.devices.flat):
             # Committed to some of the mesh's devices: jnp refuses it too.
             raise ValueError(
                 f"{name} is on {sorted(map(str, devices))} but x is on its mesh "
-                f"{dict(layout.mesh.shape)}; put it on x's mesh first, e.g. jax.device_put("
-                f"{_validation.as_code(name)}, NamedSharding(x.sharding.mesh, P()))"
+                f"{dict(layout.mesh.shape)}; put it on x's mesh first, e.g. "
+                f"{_validation.moving(name, onto_mesh=True)}"
             )
     # numpy, or uncommitted on one device: a broadcast, which moves what an all-gather moves.
     return jax.device_put(a, NamedSharding(layout.mesh, P()))

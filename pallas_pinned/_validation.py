@@ -115,16 +115,17 @@ def named_operands(index: Any, operands: tuple) -> list[tuple[str, Any]]:
             for k, operand in enumerate(operands)]
 
 
-def as_code(name: str) -> str:
-    """``name`` where a message's fix writes it as code: ``<index array 0>`` is a placeholder."""
-    return name if name.isidentifier() else f"<{name}>"
+def moving(name: str, *, onto_mesh: bool) -> str:
+    """The call that puts input ``name`` on x's devices, in x's words: replicated over
+    x's mesh, or on x's one device. ``<index array 0>`` stands for a part of the index."""
+    code = name if name.isidentifier() else f"<{name}>"
+    target = ("NamedSharding(x.sharding.mesh, P())" if onto_mesh
+              else "x.sharding.with_memory_kind('device')")
+    return f"jax.device_put({code}, {target})"
 
 
 def _moving(name: str, x: Any) -> str:
-    """The call that puts an input on x's devices, in x's words."""
-    if isinstance(x.sharding, jax.sharding.NamedSharding):
-        return f"jax.device_put({as_code(name)}, NamedSharding(x.sharding.mesh, P()))"
-    return f"jax.device_put({as_code(name)}, x.sharding.with_memory_kind('device'))"
+    return moving(name, onto_mesh=isinstance(x.sharding, jax.sharding.NamedSharding))
 
 
 def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
@@ -154,25 +155,23 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
             raise ValueError(
                 f"{name} is sharded over another mesh than x ({theirs} against "
                 f"{dict(ours.mesh.shape)}); put it on x's mesh, e.g. "
-                f"jax.device_put({as_code(name)}, NamedSharding(x.sharding.mesh, P()))"
+                f"{moving(name, onto_mesh=True)}"
             )
 
 
 def _check_traced_on_one_device(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
     """Traced on one device (no mesh in its type), x takes no input typed as sharded
     over a mesh: the kernels would fail deep inside Pallas, and jnp refuses it too."""
-    if _mesh_axes(x):
-        return
     for name, other in others:
-        if not isinstance(other, jax.core.Tracer):
+        if not isinstance(other, jax.core.Tracer) or _mesh_axes(x):
             continue
         sharding = getattr(jax.typeof(other), "sharding", None)
         if any(axes is not None for axes in getattr(sharding, "spec", ())):
             raise ValueError(
                 f"{name} is sharded over the mesh {dict(sharding.mesh.shape)} "
                 f"({sharding.spec}) but x is on one device; pass them on the same devices: "
-                f"{name} on x's device (jax.device_put({as_code(name)}, "
-                "x.sharding.with_memory_kind('device')), outside the jit) or x on that mesh"
+                f"{name} on x's device ({moving(name, onto_mesh=False)}, outside the jit) "
+                "or x on that mesh"
             )
 
 
