@@ -109,7 +109,6 @@ def test_an_eager_shard_map_write_reuses_its_jit_wrapper():
     assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
 
 
-
 # Four CPU devices (the suite's process has two): a (2, 2) mesh, Auto axis "a" and Explicit
 # axis "b", both split. Prints each mode's result: equal to numpy's, and replicated.
 _MIXED_READ = """
