@@ -244,28 +244,6 @@ def test_the_other_device_refusal_names_a_move_that_works(layout):
     np.testing.assert_array_equal(read(out)[1], x0[1] + 2)
 
 
-def test_a_traced_input_sharded_over_a_mesh_into_a_one_device_buffer_is_refused_by_name():
-    # Was a TypeError from inside Pallas ("sharded ref ... can only be indexed by slices");
-    # jnp refuses it too. The advice, run outside the jit, makes the call work.
-    if len(jax.devices()) < 2:
-        pytest.skip("needs two devices")
-    x0 = np.arange(12, dtype=np.float32).reshape(6, 2)
-    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
-    indices = jax.device_put(np.array([1, 4], np.int32), NamedSharding(mesh, P("data")))
-    x = put(x0)
-    call = jax.jit(lambda x, i: scatter_add_to_host(x, i, 1.0), donate_argnums=0)
-    pattern = r"indices is sharded over the mesh .*on one device.*\((jax\.device_put\(.*\)), "
-    with pytest.raises(ValueError, match=pattern) as err:
-        call(x, indices)
-    assert not x.is_deleted()
-    with pytest.raises(ValueError, match=pattern):  # x closed over: concrete in the trace.
-        jax.jit(lambda i: scatter_add_to_host(x, i, 1.0))(indices)
-    assert not x.is_deleted()
-    advice = re.search(pattern, str(err.value)).group(1)
-    moved = eval(advice, {"jax": jax, "indices": indices, "x": x})
-    np.testing.assert_array_equal(read(call(x, moved))[[1, 4]], x0[[1, 4]] + 1)
-
-
 # --- rules the three ops share -------------------------------------------------------
 
 # Each op called as users call it, with one index and the matching updates.

@@ -1,10 +1,12 @@
-"""Buffers on meshes that mix ``Explicit`` and ``Auto`` axes, with the suite's 2 CPU devices."""
+"""Buffers on meshes that mix ``Explicit`` and ``Auto`` axes, and inputs sharded over a
+mesh into a one-device buffer, with the suite's 2 CPU devices."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -16,6 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pallas_pinned as pp
+from tests.helpers import put, read
 
 _EXPLICIT, _AUTO = jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto
 X0 = np.arange(64, dtype=np.float32).reshape(16, 4)
@@ -141,3 +144,25 @@ def test_a_read_over_a_mixed_mesh_comes_back_replicated_whatever_its_index():
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {mode: [True, True, "device"] for mode in ("None", "clip", "fill", "drop")}
+
+
+def test_a_traced_input_sharded_over_a_mesh_into_a_one_device_buffer_is_refused_by_name():
+    # Was a TypeError from inside Pallas ("sharded ref ... can only be indexed by slices");
+    # jnp refuses it too. The advice, run outside the jit, makes the call work.
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices")
+    x0 = np.arange(12, dtype=np.float32).reshape(6, 2)
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    indices = jax.device_put(np.array([1, 4], np.int32), NamedSharding(mesh, P("data")))
+    x = put(x0)
+    call = jax.jit(lambda x, i: pp.scatter_add_to_host(x, i, 1.0), donate_argnums=0)
+    pattern = r"indices is sharded over the mesh .*on one device.*\((jax\.device_put\(.*\)), "
+    with pytest.raises(ValueError, match=pattern) as err:
+        call(x, indices)
+    assert not x.is_deleted()
+    with pytest.raises(ValueError, match=pattern):  # x closed over: concrete in the trace.
+        jax.jit(lambda i: pp.scatter_add_to_host(x, i, 1.0))(indices)
+    assert not x.is_deleted()
+    advice = re.search(pattern, str(err.value)).group(1)
+    moved = eval(advice, {"jax": jax, "indices": indices, "x": x})
+    np.testing.assert_array_equal(read(call(x, moved))[[1, 4]], x0[[1, 4]] + 1)
