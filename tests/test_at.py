@@ -126,6 +126,8 @@ def test_a_write_that_selects_nothing_returns_x_alive(rng, index, updates_shape)
     out = at(x)[index].add(updates)
     assert out is x and not x.is_deleted()
     np.testing.assert_array_equal(read(out), want)
+    jitted = jax.jit(lambda x: at(x)[index].add(updates), donate_argnums=0)(put(x0))
+    np.testing.assert_array_equal(read(jitted), want)
 
 
 def test_updates_of_a_window_past_its_axis_take_the_windows_full_size(rng):
