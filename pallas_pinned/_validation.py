@@ -138,6 +138,7 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
     if not concrete or len(x.sharding.device_set) == 1:  # Closed over by a jit, say.
         _check_traced_on_one_device(x, others)
     if not concrete:
+        _check_one_typed_mesh(x, others)
         return
     for name, other in others:
         if not (_placement.is_concrete(other) and other.committed):
@@ -157,6 +158,7 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
                 f"{dict(ours.mesh.shape)}); put it on x's mesh, e.g. "
                 f"{moving(name, onto_mesh=True)}"
             )
+    _check_one_typed_mesh(x, others)
 
 
 def _check_traced_on_one_device(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
@@ -173,6 +175,40 @@ def _check_traced_on_one_device(x: Any, others: tuple[tuple[str, Any], ...]) -> 
                 f"{name} on x's device ({moving(name, onto_mesh=False)}, outside the jit) "
                 "or x on that mesh"
             )
+
+
+def _check_one_typed_mesh(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
+    """x on a mesh takes no input typed on a mesh with ``Explicit`` axes other than
+    its own, concrete or traced: JAX traces one mesh a call, so the kernels failed
+    inside JAX ("Mesh for all inputs should be equal") or Pallas ("sharded ref ... can
+    only be indexed by slices"). Inputs on x's devices typed on an ``Auto`` mesh say
+    nothing of their layout and are gathered, as jnp gathers them."""
+    ours = _typed_mesh(x)
+    if ours is None or not ours.axis_names:  # One device: the check above, or devices.
+        return
+    for name, other in others:
+        theirs = _typed_mesh(other)
+        if (theirs is None or not theirs.axis_names or theirs == ours
+                or jax.sharding.AxisType.Explicit not in theirs.axis_types):
+            continue
+        where = "" if _placement.is_concrete(x) else ", outside the jit"
+        raise ValueError(
+            f"{name} is typed on the mesh {dict(theirs.shape)} with axis types "
+            f"{_type_names(theirs)} but x on {dict(ours.shape)} with "
+            f"{_type_names(ours)}; a call takes one mesh: put {name} on x's mesh "
+            f"({moving(name, onto_mesh=True)}{where}) or x on that mesh"
+        )
+
+
+def _typed_mesh(a: Any) -> Any:
+    """The (abstract) mesh of ``a``'s type; None for what has no JAX type."""
+    if not isinstance(a, (jax.Array, jax.core.Tracer)):
+        return None
+    return getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None)
+
+
+def _type_names(mesh: Any) -> str:
+    return "(" + ", ".join(t.name for t in mesh.axis_types) + ")"
 
 
 def _mesh_axes(x: Any) -> tuple:

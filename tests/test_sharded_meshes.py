@@ -1,5 +1,5 @@
-"""Buffers on meshes that mix ``Explicit`` and ``Auto`` axes, and inputs sharded over a
-mesh into a one-device buffer, with the suite's 2 CPU devices."""
+"""Buffers on meshes that mix ``Explicit`` and ``Auto`` axes, inputs typed on another mesh,
+and inputs sharded over a mesh into a one-device buffer, with the suite's 2 CPU devices."""
 
 from __future__ import annotations
 
@@ -166,3 +166,34 @@ def test_a_traced_input_sharded_over_a_mesh_into_a_one_device_buffer_is_refused_
     advice = re.search(pattern, str(err.value)).group(1)
     moved = eval(advice, {"jax": jax, "indices": indices, "x": x})
     np.testing.assert_array_equal(read(call(x, moved))[[1, 4]], x0[[1, 4]] + 1)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+@pytest.mark.parametrize("spec", [P(), P("data")])
+@pytest.mark.parametrize("which", ["indices", "updates"])
+def test_an_input_typed_on_an_explicit_mesh_into_a_buffer_on_an_auto_one_is_refused(
+        which, spec, jitted):
+    # x replicated over an Auto mesh runs the one-device ops on each copy; an input typed
+    # on an Explicit mesh of the same devices failed inside JAX ("Mesh for all inputs
+    # should be equal") or Pallas ("sharded ref ... can only be indexed by slices").
+    # jnp refuses it too. The advice, run outside the jit, makes the call work.
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices")
+    auto = jax.make_mesh((2,), ("data",), axis_types=(_AUTO,))
+    explicit = jax.make_mesh((2,), ("data",), axis_types=(_EXPLICIT,))
+    inputs = {"indices": np.array([1, 4], np.int32), "updates": np.ones((2, 4), np.float32)}
+    inputs[which] = jax.device_put(inputs[which], NamedSharding(explicit, spec))
+    x = jax.device_put(X0, NamedSharding(auto, P(), memory_kind="pinned_host"))
+    call = lambda x, i, u: pp.scatter_add_to_host(x, i, u)  # noqa: E731
+    call = jax.jit(call, donate_argnums=0) if jitted else call
+    pattern = (rf"{which} is typed on the mesh .*\(Explicit\) but x on .*\(Auto\); .*"
+               rf"\((jax\.device_put\({which}, .*\)\)\))(, outside the jit)?\) or x on")
+    with pytest.raises(ValueError, match=pattern) as err:
+        call(x, inputs["indices"], inputs["updates"])
+    assert not x.is_deleted()
+    np.testing.assert_array_equal(read(x), X0)
+    advice = re.search(pattern, str(err.value)).group(1)
+    inputs[which] = eval(advice, {"jax": jax, "NamedSharding": NamedSharding, "P": P,
+                                  which: inputs[which], "x": x})
+    out = call(x, inputs["indices"], inputs["updates"])
+    np.testing.assert_array_equal(read(out), jnp.asarray(X0).at[np.array([1, 4])].add(1.0))
