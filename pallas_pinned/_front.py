@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_pinned import (
-    _index_parse,
+    _index_lists,
     _local_read,
     _local_write,
     _placement,
@@ -218,7 +218,7 @@ def _as_updates(updates: Any, x_dtype) -> Any:
     """Updates as jnp's ``.at[]`` takes them: a list becomes an array, and a Python int
     too large for the default int type (2**32 - 1 into uint32) one of ``x``'s type."""
     if isinstance(updates, list | tuple):
-        return _index_parse.list_as_array(updates, "updates", build=jnp.asarray)
+        return _index_lists.list_as_array(updates, "updates", build=jnp.asarray)
     if (
         type(updates) is int and x_dtype is not None and jnp.issubdtype(x_dtype, jnp.integer)
         and not _fits(updates, jnp.int_) and _fits(updates, x_dtype)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_pinned import _index_lists
 from pallas_pinned._index import IndexPlan, Item, wrapped
 from pallas_pinned._rows import index_dtype, to_wide_numpy, without_sub_byte
 
@@ -49,42 +50,11 @@ def _type_error(what: str) -> TypeError:
     return TypeError(f"indices must be integers, got {what}; supported: {SUPPORTED_FORMS}")
 
 
-def list_as_array(values: list | tuple, name: str, build=np.asarray):
-    """A (nested) list as an array, a ragged nesting refused by name."""
-    try:
-        return build(values)
-    except ValueError as err:  # numpy refuses ragged nesting.
-        raise ValueError(
-            f"{name} is a ragged list (its sublists differ in length), which has no array "
-            f"shape; pass an array or a rectangular nesting ({err})"
-        ) from None
-
-
-def positions_array(values: list | tuple) -> np.ndarray:
-    """A list of positions as a numpy array: an empty one (``[]``, ``[[]]``) of ints (numpy
-    says float64), a list of traced values refused, jax scalars read by numpy one by one,
-    sub-byte types widened first (numpy cannot build an array of jax int4 scalars, and
-    stacking uint2 ones in jax aborts XLA's CPU compiler)."""
-    array = list_as_array(jax.tree.map(_numpy_scalar, values), "indices")
-    return array.astype(np.int64) if array.size == 0 and array.dtype.kind == "f" else array
-
-
-def _numpy_scalar(v: Any) -> Any:
-    if isinstance(v, jax.core.Tracer):
-        raise TypeError(
-            "indices is a list holding traced values, which has no array form while "
-            "tracing; pass one array instead: jnp.stack([...]) of the values (or "
-            "jnp.array(...) of a nested list)"
-        )
-    # Read on the host even under a trace (a jax op would make it a tracer there).
-    return without_sub_byte(np.asarray(v)) if isinstance(v, jax.Array) else v
-
-
 def _as_array(a: Any, wrap_dim: int | None = None):
     """A list or array index as an integer array (numpy arrays narrowed, saturating;
     under ``mode="wrap"``, ``wrap_dim``, first taken modulo the axis, exactly)."""
     if isinstance(a, list):
-        a = positions_array(a)
+        a = _index_lists.positions_array(a)
     dtype = jnp.dtype(a.dtype)
     if dtype == jnp.bool_:
         raise TypeError(f"indices has dtype bool (shape {a.shape}); {MASK_ADVICE}")

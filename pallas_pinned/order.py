@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned import _index_parse, _placement, _rows, _validation, tuning
+from pallas_pinned import _index_lists, _placement, _rows, _validation, tuning
 
 __all__ = ["sort_indices"]
 
@@ -73,7 +73,7 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
     """
     _validation.check_arguments_alive(indices=indices)
     if isinstance(indices, list | tuple):  # As the ops take a list of positions.
-        indices = _index_parse.positions_array(indices)
+        indices = _index_lists.positions_array(indices)
     if not hasattr(indices, "dtype"):
         raise TypeError(
             f"sort_indices takes a 1-D integer array or list, got {type(indices).__name__}"

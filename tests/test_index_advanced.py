@@ -234,6 +234,26 @@ def test_an_empty_nested_list_is_an_empty_index_as_in_jnp(rng, empty):
     np.testing.assert_array_equal(np.asarray(out), a)
 
 
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_a_list_of_ints_past_int64_beside_smaller_ones_is_their_uint64_array(rng, jitted):
+    # numpy makes float64 of [1, 2**64 - 2]: it was refused as "an array of dtype float64".
+    a = buffer_values(rng, (6, 5), np.float32)
+    rows = [[1, 2**64 - 2], [2**63, 4]]
+    as_array = np.array(rows, np.uint64)
+
+    def calls(index):
+        ref = pallas_pinned.at(pinned(a))[index]
+        return ref.get(mode="fill", fill_value=-1.0), ref.set(7.0, mode="wrap")
+
+    run = (lambda f, i: jax.jit(lambda: f(i))()) if jitted else (lambda f, i: f(i))
+    for got, want in zip(run(calls, rows), run(calls, as_array), strict=True):
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+    with pytest.raises(OverflowError, match="from -1 to 9223372036854775808"):
+        pallas_pinned.at(pinned(a))[[-1, 2**63]].get(mode="drop")
+    with pytest.raises(OverflowError, match="no one 64-bit integer type holds"):
+        pallas_pinned.at(pinned(a))[[1, 2**70]].get(mode="drop")
+
+
 def test_traced_int_scalars_under_jit(rng):
     # 0-d traced ints on several axes: a block at a traced position (jnp's int rules).
     a = buffer_values(rng, (4, 5, 6), np.float32)
