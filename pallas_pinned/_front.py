@@ -187,6 +187,9 @@ def _check_static_flags(**flags: Any) -> None:
                 f"{name} must be a Python bool known while tracing (a static setting), "
                 f"got a traced value {value!r}; pass it as a static argument of your jit"
             )
+        if not isinstance(value, (bool, np.bool_)):
+            # A promise: a truthy "False" or "no" would promise what may not hold.
+            raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def _negated(x: Any, updates: Any) -> Any:
