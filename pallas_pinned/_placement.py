@@ -133,20 +133,23 @@ def gathered(a: Any) -> Any:
 
 
 def on_each_copy(fn, x: Any, *args: Any) -> Any | None:
-    """``fn(x, *args)`` run on every device's copy of ``x``, replicated over an
-    ``Explicit`` mesh; None where ``x``'s type carries no such mesh.
+    """``fn(x, *args)`` run on every copy of ``x``, replicated over the ``Explicit``
+    axes of its mesh; None where ``x``'s type carries no such axis.
 
-    The local ops take whole arrays; typed on a mesh whose axes are all
-    ``Explicit``, every operation inside them would follow sharding-in-types
-    rules (a ``pallas_call`` wants its mesh axes ``Manual``; an update slice
-    its operands sharded alike). Inside ``shard_map`` over that mesh, each
-    device holds its copy and the ops run as on one device. Arguments sharded
-    over the mesh are gathered first; other values are constants of ``fn``.
+    The local ops take whole arrays; typed on a mesh with ``Explicit`` axes,
+    every operation inside them would follow sharding-in-types rules (a
+    ``pallas_call`` wants its mesh axes ``Manual``; an update slice its operands
+    sharded alike: Pallas's interpreter failed there on a mesh mixing in ``Auto``
+    axes). Inside a ``shard_map`` manual over the ``Explicit`` axes, each copy is
+    whole along them and the ops run as on one device; ``Auto`` axes stay XLA's
+    (a trace does not see whether they shard ``x``). Arguments sharded over the
+    mesh are gathered first; other values are constants of ``fn``.
     """
     mesh = _explicit_mesh(x)
+    if mesh is None:
+        return None
     explicit = jax.sharding.AxisType.Explicit
-    if mesh is None or any(t != explicit for t in mesh.axis_types):
-        return None  # Mixed meshes: a hidden Auto axis may shard x (place_like covers them).
+    manual = {a for a, t in zip(mesh.axis_names, mesh.axis_types, strict=True) if t == explicit}
     leaves, tree = jax.tree.flatten(args)
     arrays = [isinstance(a, jax.Array | jax.core.Tracer) for a in leaves]
 
@@ -158,8 +161,8 @@ def on_each_copy(fn, x: Any, *args: Any) -> Any | None:
     passed = [gathered(a) for a, is_array in zip(leaves, arrays, strict=True) if is_array]
     spec = jax.sharding.PartitionSpec()
     # check_vma=False: the ops stage kernels whose outputs carry no varying-axes type.
-    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)(
-        x, *passed)
+    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, axis_names=manual,
+                         check_vma=False)(x, *passed)
 
 
 def place_result(out: jax.Array, x: jax.Array) -> jax.Array:
