@@ -86,6 +86,23 @@ def test_the_sign_of_a_zero_on_an_auto_mesh_is_the_one_the_readme_states(method)
     assert np.signbit(jitted[untouched]).all()  # Rows not written keep their -0.0.
 
 
+def test_a_zero_multiplied_by_a_negative_on_an_auto_mesh_takes_the_sign_the_readme_states():
+    # The same partitioned read, +0.0 for -0.0, the other way round: times -1 it ends -0.0
+    # where jnp's product is +0.0. Outside jit the sign is jnp's.
+    mesh = jax.make_mesh((2,), ("d",), axis_types=(_AUTO,))
+    placed = NamedSharding(mesh, P("d"), memory_kind="pinned_host")
+    x0, rows = np.full((8, 2), -0.0, np.float32), np.array([1, 6])
+    theirs = np.asarray(jnp.asarray(x0).at[rows].multiply(-1.0))
+    assert not np.signbit(theirs[rows]).any()
+
+    def write(x):
+        return pp.at(x)[rows].multiply(-1.0)
+
+    assert np.asarray(write(jax.device_put(x0, placed))).tobytes() == theirs.tobytes()
+    jitted = np.asarray(jax.jit(write, donate_argnums=0)(jax.device_put(x0, placed)))
+    assert np.signbit(jitted[rows]).all()
+
+
 def test_an_eager_shard_map_write_reuses_its_jit_wrapper():
     # Eagerly, shard_map has no custom_vjp with symbolic zeros, so the write is jitted
     # inside it: once per call, not a new jax.jit wrapper (and trace) on every step.
