@@ -187,9 +187,10 @@ def _check_static_flags(**flags: Any) -> None:
                 f"{name} must be a Python bool known while tracing (a static setting), "
                 f"got a traced value {value!r}; pass it as a static argument of your jit"
             )
-        if not isinstance(value, (bool, np.bool_)):
-            # A promise: a truthy "False" or "no" would promise what may not hold.
-            raise TypeError(f"{name} must be True or False, got {value!r}")
+        if isinstance(value, str | bytes):
+            # A promise: a truthy "False" would promise what may not hold. What jnp takes
+            # (bools, 0 and 1, None) is taken as its truth value, as jnp takes it.
+            raise TypeError(f"{name} must be True or False, got the string {value!r}")
 
 
 def _negated(x: Any, updates: Any) -> Any:

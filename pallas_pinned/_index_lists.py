@@ -42,8 +42,9 @@ def positions_array(values: list | tuple) -> np.ndarray:
             return list_as_array(values, "indices", build=lambda v: np.asarray(v, np.uint64))
         raise OverflowError(
             f"indices is a list of ints from {min(ints)} to {max(ints)}, which no one 64-bit "
-            "integer type holds; pass an integer array of them (np.int64, or np.uint64 for "
-            "positions from 2**63 up to 2**64 - 1)"
+            "integer type holds; pass the positions as an integer array: np.int64 below "
+            "2**63, np.uint64 up to 2**64 - 1 (with a negative one written as the axis "
+            "length plus it)"
         )
     return array
 

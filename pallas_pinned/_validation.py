@@ -178,18 +178,19 @@ def _check_traced_on_one_device(x: Any, others: tuple[tuple[str, Any], ...]) -> 
 
 
 def _check_one_typed_mesh(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
-    """x on a mesh takes no input typed on a mesh with ``Explicit`` axes other than
-    its own, concrete or traced: JAX traces one mesh a call, so the kernels failed
-    inside JAX ("Mesh for all inputs should be equal") or Pallas ("sharded ref ... can
-    only be indexed by slices"). Inputs on x's devices typed on an ``Auto`` mesh say
-    nothing of their layout and are gathered, as jnp gathers them."""
+    """x typed on a mesh of ``Auto`` axes only takes no input typed on a mesh with
+    ``Explicit`` axes, concrete or traced: the kernels failed inside JAX ("Mesh for
+    all inputs should be equal") or Pallas ("sharded ref ... can only be indexed by
+    slices"), and jnp refuses it too. Where x's mesh has ``Explicit`` axes the ops run
+    on each copy and gather such inputs first (``_placement.on_each_copy``); where it
+    has ``Manual`` ones (a ``shard_map`` body) JAX's own message names the fix."""
     ours = _typed_mesh(x)
-    if ours is None or not ours.axis_names:  # One device: the check above, or devices.
+    auto = jax.sharding.AxisType.Auto
+    if ours is None or not ours.axis_names or any(t != auto for t in ours.axis_types):
         return
     for name, other in others:
         theirs = _typed_mesh(other)
-        if (theirs is None or not theirs.axis_names or theirs == ours
-                or jax.sharding.AxisType.Explicit not in theirs.axis_types):
+        if theirs is None or jax.sharding.AxisType.Explicit not in theirs.axis_types:
             continue
         where = "" if _placement.is_concrete(x) else ", outside the jit"
         raise ValueError(

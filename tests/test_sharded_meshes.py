@@ -247,3 +247,26 @@ def test_a_replicated_buffer_on_a_mixed_mesh_runs_the_kernels_with_inputs_on_the
     assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
     if method != "get":
         assert got.sharding.memory_kind == "pinned_host" and got.sharding.is_fully_replicated
+
+
+def test_inputs_typed_on_a_mixed_mesh_into_a_buffer_with_explicit_axes_still_run():
+    # The refusal above is for a buffer whose mesh is all Auto. A buffer with Explicit axes
+    # runs on each copy and gathers such inputs first; jnp refuses this, ours took it before
+    # that refusal existed and still does. Inside a shard_map body (Manual axes) JAX's own
+    # message names the fix: pass the input as an argument of the shard_map.
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices")
+    explicit = jax.make_mesh((2, 1), ("a", "b"), axis_types=(_EXPLICIT, _EXPLICIT))
+    mixed = jax.make_mesh((2, 1), ("a", "b"), axis_types=(_EXPLICIT, _AUTO))
+    rows = np.array([1, 4, 1], np.int32)
+    on_mixed = jax.device_put(rows, NamedSharding(mixed, P()))
+    x = jax.device_put(X0, NamedSharding(explicit, P(), memory_kind="pinned_host"))
+    out = pp.at(x)[on_mixed].add(1.0)
+    assert np.asarray(out).tobytes() == np.asarray(jnp.asarray(X0).at[rows].add(1.0)).tobytes()
+    mesh = jax.make_mesh((2,), ("d",), axis_types=(_EXPLICIT,))
+    closed_over = jax.device_put(rows, NamedSharding(mesh, P()))
+    body = jax.shard_map(lambda x: pp.at(x)[closed_over].add(1.0), mesh=mesh, in_specs=P(),
+                         out_specs=P(), check_vma=False)
+    x = jax.device_put(X0, NamedSharding(mesh, P(), memory_kind="pinned_host"))
+    with pytest.raises(NotImplementedError, match="pass those inputs as an argument"):
+        jax.jit(body)(x)
