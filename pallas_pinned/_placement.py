@@ -36,6 +36,8 @@ __all__ = [
     "replicated_like",
     "same_mesh",
     "to_device_memory",
+    "varying_as",
+    "varying_axes",
 ]
 
 _HOST = jax.memory.Space.Host
@@ -163,6 +165,28 @@ def on_each_copy(fn, x: Any, *args: Any) -> Any | None:
     # check_vma=False: the ops stage kernels whose outputs carry no varying-axes type.
     return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, axis_names=manual,
                          check_vma=False)(x, *passed)
+
+
+def varying_as(x: Any, *others: Any) -> Any:
+    """``x`` typed as varying over every mesh axis ``others`` vary over, inside a
+    ``shard_map`` that checks varying axes (``check_vma=True``).
+
+    A write of updates that differ from device to device gives each device its own
+    buffer, as jnp's does. The kernels' output takes ``x``'s type and XLA's path the
+    union of its operands': without this the two branches of ``auto`` differed in
+    type ("switch branches must have equal output types"). No data moves.
+    """
+    have = varying_axes(x)
+    wanted = frozenset().union(*map(varying_axes, others)) - have
+    return jax.lax.pcast(x, tuple(sorted(wanted)), to="varying") if wanted else x
+
+
+def varying_axes(a: Any) -> frozenset:
+    """The mesh axes ``a``'s type varies along (empty outside a checking ``shard_map``)."""
+    if not isinstance(a, jax.Array | jax.core.Tracer):
+        return frozenset()
+    manual = getattr(jax.typeof(a), "manual_axis_type", None)
+    return frozenset(getattr(manual, "varying", None) or ())
 
 
 def place_result(out: jax.Array, x: jax.Array) -> jax.Array:

@@ -271,6 +271,7 @@ def check_write(
         check_same_device(x, (name, operand))
         check_not_aliased(x, (name, operand))
     check_kernel_backend(x, backend, plan)
+    check_interpret_invarying(backend, x, updates, *operands)
     if op != "set":  # The read-modify-write kernels also address the (n, d) update rows.
         check_offsets(backend, "updates", (plan.num_entries, plan.width), x.dtype)
     return plan, operands
@@ -286,8 +287,23 @@ def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.I
     for name, operand in named_operands(index, operands):
         check_same_device(x, (name, operand))
     check_kernel_backend(x, backend, plan)
+    check_interpret_invarying(backend, x, *operands)
     check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)
     return plan, operands
+
+
+def check_interpret_invarying(backend: str, *arrays: Any) -> None:
+    """``"interpret"`` inside a ``shard_map`` that checks varying axes: Pallas's
+    interpreter mixes varying and invarying values, and JAX failed inside it
+    ("Primitive gather requires varying manual axes to match")."""
+    varying = frozenset().union(*map(_placement.varying_axes, arrays))
+    if backend == "interpret" and varying:
+        raise NotImplementedError(
+            f"backend='interpret' cannot run on inputs that vary along the shard_map axes "
+            f"{sorted(varying)} (a shard_map that checks varying axes): Pallas's interpreter "
+            "mixes varying and invarying values. Pass check_vma=False to jax.shard_map, or "
+            "use backend='xla' or 'auto'"
+        )
 
 
 def check_op_dtype(op: str, dtype) -> None:

@@ -51,6 +51,7 @@ class RowWrite:
 
 def write(x2d, rows, updates2d, cfg: RowWrite, implementation: str):
     """``x2d`` after the write, by ``implementation`` (``"xla"`` or a kernel backend)."""
+    x2d = _placement.varying_as(x2d, rows, updates2d)
     if implementation == "xla":
         return _xla(x2d, rows, updates2d, cfg)
     if implementation == "xla_native":
