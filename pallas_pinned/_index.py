@@ -258,10 +258,14 @@ class _PY:
         return max(lo, min(a, hi))
 
 
-def _start_of(item: Item, operands, wide):
+def _start_of(item: Item, operands, wide, bounds: tuple[int, int] | None = None):
+    """The item's start (or index) as ``wide``; with ``bounds``, clamped into them first,
+    the static one in Python (a start past int64 has no ``wide`` form)."""
     if item.operand is None:
-        return jnp.asarray(item.value, wide)
-    return to_wide(jnp.asarray(operands[item.operand]), wide)
+        value = item.value if bounds is None else min(max(item.value, bounds[0]), bounds[1])
+        return jnp.asarray(value, wide)
+    start = to_wide(jnp.asarray(operands[item.operand]), wide)
+    return start if bounds is None else jnp.clip(start, *bounds)
 
 
 def wrapped(index, dim: int, wide, xp=jnp):
@@ -297,7 +301,10 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps:
             to_top = jnp.asarray(dim - (np.arange(size, dtype=np.int64) * stride) % dim, wide)
             below = start - to_top  # In (-dim, dim): no overflow.
             return jnp.where(below < 0, below + dim, below), None
-        start = _start_of(item, operands, wide)
+        # A start past the axis (or before it, by more than the window) selects as one at
+        # its edge would: clamped there, `start + steps` cannot overflow `wide` (a start
+        # near 2**63 wrapped to row 0).
+        start = _start_of(item, operands, wide, bounds=(-(span + dim), dim))
         steps = jnp.asarray(np.arange(size) * stride, wide)
         if stride > 1:
             # jnp gathers or scatters a strided window position by position

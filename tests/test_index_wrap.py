@@ -3,7 +3,8 @@
 jnp has no wrap mode; the oracle is Python's exact ``%``. The modulus must come before
 anything that clamps, truncates or overflows: a uint32 index above 2**31 - 1 (without
 x64 the wide type is int32), a ``jax.ds`` start near the top of its type (``start + k``
-would overflow), numpy int64/uint64 and Python ints beyond the wide type.
+would overflow), numpy int64/uint64 and Python ints beyond the wide type. At the end, the
+other modes with a strided window far outside its axis, whose positions overflowed alike.
 """
 
 from __future__ import annotations
@@ -167,3 +168,39 @@ def test_a_wrapped_window_longer_than_its_axis_is_refused_naming_the_index_array
     expected = X0.copy()
     expected[np.asarray(rows)] = np.asarray(values)  # numpy assigns the last duplicate.
     np.testing.assert_array_equal(read(pp.at(x)[rows].set(values, mode="wrap")), expected)
+
+
+# The other modes at the same ends: a strided jax.ds's positions start + k * stride, each
+# clipped, dropped or filled on its own (the README), computed at full width. The sum
+# overflowed the wide type near its top and the positions wrapped to row 0.
+_FAR = {
+    "int32 near the top": (jnp.int32(2**31 - 1), "traced"),
+    "uint32 at the top": (jnp.uint32(2**32 - 1), "traced"),
+    "python int past int64": (2**63 + 3, "static"),
+    "python int below int64": (-(2**63) - 3, "static"),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(_FAR))
+def test_a_strided_window_far_outside_its_axis_takes_each_position_at_full_width(backend, case):
+    start, how = _FAR[case]
+    full = [int(start) + k * 2 for k in range(3)]
+    updates = jnp.array([-1.0, -2.0, -3.0], jnp.float32)
+
+    def calls(x, s):
+        ref = pp.at(x)[jax.ds(s, 3, 2)]
+        return (ref.set(updates, mode="clip", backend=backend),
+                pp.at(x)[jax.ds(s, 3, 2)].get(mode="fill", fill_value=-7.0, backend=backend),
+                pp.at(x)[jax.ds(s, 3, 2)].add(updates, mode="drop", backend=backend))
+
+    if how == "traced":
+        got = jax.jit(lambda x, s: calls(x, s))(put(X0), start)
+    else:
+        got = jax.jit(lambda x: calls(x, start))(put(X0))
+    clipped = np.array([min(max(p, 0), N - 1) for p in full])
+    want_set = X0.copy()
+    want_set[clipped] = np.asarray(updates)  # All on one row: the last one wins.
+    assert read(got[0]).tobytes() == want_set.tobytes()
+    assert read(got[1]).tobytes() == np.full(3, -7.0, np.float32).tobytes()  # None in range.
+    assert read(got[2]).tobytes() == X0.tobytes()  # Every position out of range: dropped.
