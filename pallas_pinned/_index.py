@@ -304,7 +304,8 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps:
         # A start past the axis (or before it, by more than the window) selects as one at
         # its edge would: clamped there, `start + steps` cannot overflow `wide` (a start
         # near 2**63 wrapped to row 0).
-        start = _start_of(item, operands, wide, bounds=(-(span + dim), dim))
+        low = max(-(span + dim), int(np.iinfo(wide).min))
+        start = _start_of(item, operands, wide, bounds=(low, dim))
         steps = jnp.asarray(np.arange(size) * stride, wide)
         if stride > 1:
             # jnp gathers or scatters a strided window position by position
