@@ -41,7 +41,7 @@ BAD_CALLS = {
     "unknown mode": (1, 0.0, {"mode": "wrapped"}, ValueError, "'wrapped'"),
     "a gather-only keyword": (1, 0.0, {"fill_value": 0.0}, TypeError, "fill_value"),
     "unknown backend": (1, 0.0, {"backend": "cuda"}, ValueError, "'cuda'"),
-    "a promise not a bool": (1, 0.0, {"unique_indices": "False"}, TypeError, "'False'"),
+    "a promise given as a string": (1, 0.0, {"unique_indices": "False"}, TypeError, "'False'"),
     "too many indices": ((1, 0, 0), 0.0, {}, IndexError, "too many indices"),
     "two ellipses": ((Ellipsis, Ellipsis), 0.0, {}, IndexError, "single ellipsis"),
     "float in a tuple": ((1, 0.5), 0.0, {}, TypeError, "float"),
