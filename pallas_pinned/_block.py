@@ -65,7 +65,7 @@ def _split_axis(x, block) -> int | None:
     """
     if block.shape != x.shape:
         return None
-    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    mesh = _placement.typed_mesh(x)
     auto = jax.sharding.AxisType.Auto
     kinds = zip(getattr(mesh, "axis_sizes", ()), getattr(mesh, "axis_types", ()), strict=True)
     if not any(size > 1 and kind == auto for size, kind in kinds):

@@ -36,6 +36,7 @@ __all__ = [
     "replicated_like",
     "same_mesh",
     "to_device_memory",
+    "typed_mesh",
     "varying_as",
     "varying_axes",
 ]
@@ -88,9 +89,16 @@ def read_nothing_of(x: Any, out: Any) -> Any:
     return lax.select(jnp.any(nothing != nothing), jnp.zeros_like(out), out)
 
 
+def typed_mesh(a: Any) -> Any:
+    """The (abstract) mesh of ``a``'s type; None for what has no JAX type or no mesh."""
+    if not isinstance(a, jax.Array | jax.core.Tracer):
+        return None
+    return getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None)
+
+
 def _explicit_mesh(x: Any):
     """The mesh ``x``'s type carries when it has an ``Explicit`` axis; else None."""
-    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    mesh = typed_mesh(x)
     explicit = jax.sharding.AxisType.Explicit
     if mesh is not None and not mesh.empty and any(t == explicit for t in mesh.axis_types):
         return mesh

@@ -146,7 +146,7 @@ def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
     Inside a trace (``traced``) nothing moves here: the traced step gathers.
     """
     if isinstance(a, jax.core.Tracer):
-        mesh = getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None)
+        mesh = _placement.typed_mesh(a)
         if mesh is not None and mesh.axis_names and not _placement.same_mesh(mesh, layout.mesh):
             raise ValueError(
                 f"{name} is traced on mesh {dict(mesh.shape)} but x on "

@@ -137,10 +137,7 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
     concrete = _placement.is_concrete(x)
     if not concrete or len(x.sharding.device_set) == 1:  # Closed over by a jit, say.
         _check_traced_on_one_device(x, others)
-    if not concrete:
-        _check_one_typed_mesh(x, others)
-        return
-    for name, other in others:
+    for name, other in others if concrete else ():
         if not (_placement.is_concrete(other) and other.committed):
             continue
         if other.sharding.device_set != x.sharding.device_set:
@@ -164,8 +161,10 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
 def _check_traced_on_one_device(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
     """Traced on one device (no mesh in its type), x takes no input typed as sharded
     over a mesh: the kernels would fail deep inside Pallas, and jnp refuses it too."""
+    if _mesh_axes(x):
+        return
     for name, other in others:
-        if not isinstance(other, jax.core.Tracer) or _mesh_axes(x):
+        if not isinstance(other, jax.core.Tracer):
             continue
         sharding = getattr(jax.typeof(other), "sharding", None)
         if any(axes is not None for axes in getattr(sharding, "spec", ())):
@@ -184,12 +183,12 @@ def _check_one_typed_mesh(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
     slices"), and jnp refuses it too. Where x's mesh has ``Explicit`` axes the ops run
     on each copy and gather such inputs first (``_placement.on_each_copy``); where it
     has ``Manual`` ones (a ``shard_map`` body) JAX's own message names the fix."""
-    ours = _typed_mesh(x)
+    ours = _placement.typed_mesh(x)
     auto = jax.sharding.AxisType.Auto
     if ours is None or not ours.axis_names or any(t != auto for t in ours.axis_types):
         return
     for name, other in others:
-        theirs = _typed_mesh(other)
+        theirs = _placement.typed_mesh(other)
         if theirs is None or jax.sharding.AxisType.Explicit not in theirs.axis_types:
             continue
         where = "" if _placement.is_concrete(x) else ", outside the jit"
@@ -201,20 +200,12 @@ def _check_one_typed_mesh(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
         )
 
 
-def _typed_mesh(a: Any) -> Any:
-    """The (abstract) mesh of ``a``'s type; None for what has no JAX type."""
-    if not isinstance(a, (jax.Array, jax.core.Tracer)):
-        return None
-    return getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None)
-
-
 def _type_names(mesh: Any) -> str:
     return "(" + ", ".join(t.name for t in mesh.axis_types) + ")"
 
 
 def _mesh_axes(x: Any) -> tuple:
-    return tuple(getattr(getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None),
-                         "axis_names", ()) or ())
+    return tuple(getattr(_placement.typed_mesh(x), "axis_names", ()) or ())
 
 
 def check_not_aliased(x: Any, *others: tuple[str, Any]) -> None:
@@ -296,8 +287,10 @@ def check_interpret_invarying(backend: str, *arrays: Any) -> None:
     """``"interpret"`` inside a ``shard_map`` that checks varying axes: Pallas's
     interpreter mixes varying and invarying values, and JAX failed inside it
     ("Primitive gather requires varying manual axes to match")."""
+    if backend != "interpret":
+        return
     varying = frozenset().union(*map(_placement.varying_axes, arrays))
-    if backend == "interpret" and varying:
+    if varying:
         raise NotImplementedError(
             f"backend='interpret' cannot run on inputs that vary along the shard_map axes "
             f"{sorted(varying)} (a shard_map that checks varying axes): Pallas's interpreter "
