@@ -128,8 +128,12 @@ class Thresholds:
     # 33.6, 31.6 / 31.8, 29.2; 4096 x 1 KiB 138.3, 138.2 / 135.7, 133.6; the client at 4096
     # Zipf ids 68.0, 69.2 / 64.1, 64.7 and at 1024 27.0, 29.9 / 26.8, 23.9. The rule written
     # before the run (both B runs beat both A runs, there and at every smaller size) holds up to
-    # 1024; at 4096 x 4 B one B run (31.8) lost to one A run (31.6) by 0.2.
-    order_kernel_max: int = 1024
+    # 1024; at 4096 x 4 B one B run (31.8) lost to one A run (31.6) by 0.2. H100 A/B, 2026-12-06
+    # 05:05 UTC (A 1024, B 4096; docs/lab/order_kernel_tiling_ab_h100_1206_0505): 4096 x 4 B
+    # 29.5, 28.7, 30.1, 29.2 / 26.9, 26.3, 26.8, 26.2; 4096 x 1 KiB 132.9, 132.9, 135.1, 134.9 /
+    # 130.9, 130.6, 130.5, 130.6; the client at 4096 Zipf ids 63.4, 64.4 / 59.9, 62.3. Both B
+    # runs beat both A runs wherever the arms differ, so the kernel now orders up to 4096.
+    order_kernel_max: int = 4096
     # scatter_add_to_host (Pallas), float32 summed in float32: from this many
     # updates on, each row's owner adds its total with one atomic add instead
     # of reading the row and storing the sum (the same bits). Pallas's atomics
