@@ -72,9 +72,7 @@ def run(args) -> bool:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    # Until the public ops route sharded buffers themselves, call the sharded
-    # module directly: same arguments, same results as scatter_to_host & co.
-    from pallas_pinned import _sharded
+    import pallas_pinned as pp
 
     devices = jax.devices()[: args.devices]
     mesh = jax.make_mesh((len(devices),), ("data",), devices=devices)
@@ -89,10 +87,10 @@ def run(args) -> bool:
         # Each device computes its own part of the batch; the op routes it.
         pos = jax.reshard(pos.astype(jnp.int32), per_device)
         new = jax.reshard(step_values(t, batch_total, args.width, jnp), per_device)
-        x = _sharded.scatter(x, pos, new, unique_indices=True)
+        x = pp.scatter_to_host(x, pos, new, unique_indices=True)
         priority = jnp.zeros((batch_total, args.width), jnp.float32).at[:, 0].set(1.0)
-        x = _sharded.scatter_add(x, bumped, priority)
-        return x, _sharded.gather(x, sampled)
+        x = pp.scatter_add_to_host(x, bumped, priority)
+        return x, pp.gather_from_host(x, sampled)
 
     loop = jax.jit(lambda x: lax.scan(step, x, jnp.arange(args.steps)), donate_argnums=0)
     x, samples = loop(x)

@@ -29,8 +29,9 @@ An explicit ``backend=`` names one kernel family and is honoured for every
 index form, or refused before anything runs with the reason
 (:func:`check_available`). :func:`kernels` is the one launcher per backend:
 it imports that family's kernel modules on first use, so importing the package
-imports nothing of Pallas or Triton (``auto``'s first call on a host buffer
-imports Pallas to lower a probe kernel: :func:`pallas_triton_usable`).
+imports no kernel module and not Triton (it does import Pallas and Pallas's
+Triton backend, see ``__init__.py``; ``auto``'s first call on a host buffer
+lowers a probe kernel: :func:`pallas_triton_usable`).
 
 Upstream deprecated Pallas's Triton backend (jax 0.11.0) and jax can raise the
 deprecation as an error (``jax._src.deprecations``' "accelerated" state); the

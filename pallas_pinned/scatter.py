@@ -33,9 +33,9 @@ def scatter_to_host(
     the same semantics through XLA.
 
     Args:
-      x: the buffer, at least 1-D, of a supported dtype; on one device, or
-        sharded along axis 0 over a mesh (``NamedSharding(mesh, P(axes))``),
-        or replicated.
+      x: the buffer, of any rank (a 0-d one takes ``()``, ``None`` or ``...``) and a
+        supported dtype; on one device, or sharded along axis 0 over a mesh
+        (``NamedSharding(mesh, P(axes))``), or replicated.
       indices: any index jnp's ``x.at[...]`` takes except boolean masks:
         ints, integer arrays of any shape (numpy or jax, traced under jit),
         lists of ints, static slices with any step, ``jax.ds(start, size)``
