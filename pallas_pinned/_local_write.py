@@ -14,11 +14,8 @@ Transformations: the write updates one buffer, so ``jax.vmap`` is refused
 (with the folded alternative), and so is a gradient with respect to ``x``
 (its cotangent would be a second buffer of the same size). Set and add
 differentiate with respect to ``updates`` by rules of their own; min, max and
-mul refuse it. Called outside ``jit`` under a transformation (eager
-``jax.grad``, ``jax.vmap``), ``x`` is not donated (:func:`may_donate`), even
-when none of this call's arguments is traced: a failure later in the
-transformation leaves it alive, and the caller never receives the updated
-buffer anyway.
+mul refuse it. Under an eager ``jax.grad`` or ``jax.vmap``, ``x`` is not donated
+(:func:`may_donate`), even with no traced argument: the caller never gets the result.
 """
 
 from __future__ import annotations
@@ -349,7 +346,8 @@ def may_donate(*args) -> bool:
     private function move, the arguments' tracers still decide. Nor under
     ``jax_debug_nans``/``jax_debug_infs``: a call that makes a NaN or inf is re-run
     de-optimized on the same inputs, and a donated buffer is gone by then (JAX
-    turns donation off itself for NaNs only).
+    turns donation off itself for NaNs only). Before it says yes, it waits for the
+    inputs (:func:`_placement.wait_for_inputs`), so that a failed one leaves ``x`` alive.
     """
     if jax.config.jax_debug_nans or jax.config.jax_debug_infs:
         return False
@@ -357,8 +355,10 @@ def may_donate(*args) -> bool:
         return False
     if _trace_state_clean is None:
         _warn_trace_state_unknown()
-        return True
-    return bool(_trace_state_clean())
+    elif not _trace_state_clean():
+        return False
+    _placement.wait_for_inputs(args)
+    return True
 
 
 @functools.cache

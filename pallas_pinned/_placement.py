@@ -55,6 +55,20 @@ def check_buffer_alive(x: Any) -> None:
         )
 
 
+def wait_for_inputs(*args: Any) -> None:
+    """Waits until the concrete arrays among ``args`` are computed; raises the error of one
+    whose computation failed. An eager write donates ``x`` as it is dispatched, and a run that
+    fails on an input has consumed ``x`` by then (jnp's copying ``x.at`` keeps it): waiting
+    first raises that error while ``x`` is still the caller's. The cost: the write is
+    dispatched once its inputs exist instead of being queued behind them."""
+    try:
+        jax.block_until_ready([a for a in jax.tree.leaves(args) if is_concrete(a)])
+    except Exception as error:
+        error.add_note("pallas_pinned: an index or updates array of this write failed to "
+                       "compute; nothing was written and x was not consumed")
+        raise
+
+
 def on_host(a: Any) -> bool:
     """Whether ``a`` lives in pinned host memory (by its sharding when concrete)."""
     if is_concrete(a):
