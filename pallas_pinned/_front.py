@@ -191,6 +191,11 @@ def _check_static_flags(**flags: Any) -> None:
             # A promise: a truthy "False" would promise what may not hold. What jnp takes
             # (bools, 0 and 1, None) is taken as its truth value, as jnp takes it.
             raise TypeError(f"{name} must be True or False, got the string {value!r}")
+        if np.ndim(value) != 0:
+            # One promise covers the whole call; numpy's "truth value of an array" would not
+            # say which argument it means.
+            raise TypeError(f"{name} must be True or False, got an array of shape "
+                            f"{np.shape(value)}")
 
 
 def _negated(x: Any, updates: Any) -> Any:
@@ -210,7 +215,7 @@ def _negated(x: Any, updates: Any) -> Any:
         return updates
     try:
         updates = jnp.asarray(_placement.to_device_memory(updates))
-    except TypeError:
+    except (TypeError, ValueError):  # jnp says ValueError for None: add names it "updates"
         return updates
     if not (jnp.issubdtype(updates.dtype, jnp.number) or updates.dtype == jnp.bool_):
         return updates

@@ -18,7 +18,11 @@ def list_as_array(values: list | tuple, name: str, build=np.asarray):
     """A (nested) list as an array, a ragged nesting refused by name."""
     try:
         return build(values)
-    except ValueError as err:  # numpy refuses ragged nesting.
+    except TypeError as err:  # jnp.asarray refuses strings so, with no word of the name.
+        raise TypeError(f"{name} holds a value that is not a number ({err})") from None
+    except ValueError as err:  # numpy refuses ragged nesting; jnp.asarray None as well.
+        if "inhomogeneous" not in str(err):
+            raise TypeError(f"{name} holds a value that is not a number ({err})") from None
         raise ValueError(
             f"{name} is a ragged list (its sublists differ in length), which has no array "
             f"shape; pass an array or a rectangular nesting ({err})"
@@ -51,7 +55,7 @@ def positions_array(values: list | tuple) -> np.ndarray:
 
 def _ints(values: Any) -> list[int]:
     """The list's values as Python ints if every one is an integer (no bool); else []."""
-    leaves = jax.tree.leaves(values)
+    leaves = jax.tree.leaves(values, is_leaf=lambda v: v is None)  # None is no int either
     if not all(isinstance(v, int) and not isinstance(v, bool)
                or np.ndim(v) == 0 and np.asarray(v).dtype.kind in "iu" for v in leaves):
         return []

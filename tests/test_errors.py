@@ -52,7 +52,28 @@ BAD_CALLS = {
         (np.array([0, 1, 2]), np.array([0, 1])), 0.0, {}, ValueError, "do not broadcast"
     ),
     "ragged updates": (jnp.array([1, 2]), [[1.0, 2.0, 3.0], [1.0]], {}, ValueError, "ragged"),
+    "None among listed positions": ([None, 1], 0.0, {}, TypeError, "indices must be integers"),
+    "strings in an updates list": (1, ["a", "b", "c"], {}, TypeError, "updates holds a value"),
+    "None in an updates list": (1, [1.0, None, 2.0], {}, TypeError, "updates holds a value"),
+    "a promise given as an array": (
+        jnp.array([1, 2]), 0.0, {"unique_indices": np.array([True, False])}, TypeError,
+        r"unique_indices must be True or False, got an array of shape \(2,\)",
+    ),
 }
+
+
+@pytest.mark.parametrize("updates", [None, ["a", "b", "c"]], ids=["None", "a list of strings"])
+def test_subtract_names_updates_that_are_not_numbers(x, updates):
+    with pytest.raises(TypeError, match="updates"):
+        pp.at(x)[1].subtract(updates)
+    assert not x.is_deleted()
+    np.testing.assert_array_equal(read(x), X0)
+
+
+def test_a_read_refuses_a_promise_given_as_an_array(x):
+    with pytest.raises(TypeError, match="indices_are_sorted must be True or False"):
+        gather_from_host(x, jnp.array([1, 2]), indices_are_sorted=jnp.array([True]))
+    assert not x.is_deleted()
 
 
 @pytest.mark.parametrize("case", BAD_CALLS, ids=list(BAD_CALLS))
