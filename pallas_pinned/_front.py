@@ -8,6 +8,7 @@ kernels; nothing below calls back up.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 import jax
@@ -191,11 +192,14 @@ def _check_static_flags(**flags: Any) -> None:
             # A promise: a truthy "False" would promise what may not hold. What jnp takes
             # (bools, 0 and 1, None) is taken as its truth value, as jnp takes it.
             raise TypeError(f"{name} must be True or False, got the string {value!r}")
-        if np.ndim(value) != 0:
+        try:
+            scalar = np.ndim(value) == 0
+        except ValueError:  # a ragged nesting
+            scalar = False
+        if not scalar:
             # One promise covers the whole call; numpy's "truth value of an array" would not
             # say which argument it means.
-            raise TypeError(f"{name} must be True or False, got an array of shape "
-                            f"{np.shape(value)}")
+            raise TypeError(f"{name} must be True or False, got {reprlib.repr(value)}")
 
 
 def _negated(x: Any, updates: Any) -> Any:

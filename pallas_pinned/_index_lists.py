@@ -15,14 +15,18 @@ __all__ = ["list_as_array", "positions_array"]
 
 
 def list_as_array(values: list | tuple, name: str, build=np.asarray):
-    """A (nested) list as an array, a ragged nesting refused by name."""
+    """A (nested) list as an array; None or a string in it, or a ragged nesting, refused
+    by name (jnp.asarray's own messages do not say which argument they mean)."""
+    for value in jax.tree.leaves(values, is_leaf=lambda v: v is None):
+        if value is None or isinstance(value, str | bytes):
+            raise TypeError(f"{name} holds {value!r}, which is not a number")
     try:
         return build(values)
-    except TypeError as err:  # jnp.asarray refuses strings so, with no word of the name.
-        raise TypeError(f"{name} holds a value that is not a number ({err})") from None
-    except ValueError as err:  # numpy refuses ragged nesting; jnp.asarray None as well.
-        if "inhomogeneous" not in str(err):
-            raise TypeError(f"{name} holds a value that is not a number ({err})") from None
+    except (TypeError, ValueError) as err:
+        # numpy says "inhomogeneous" of a ragged nesting; jnp.asarray, given jax arrays
+        # in it, cannot concatenate them. Anything else is the builder's own word.
+        if "inhomogeneous" not in str(err) and "Cannot concatenate" not in str(err):
+            raise
         raise ValueError(
             f"{name} is a ragged list (its sublists differ in length), which has no array "
             f"shape; pass an array or a rectangular nesting ({err})"

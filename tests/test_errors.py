@@ -52,13 +52,15 @@ BAD_CALLS = {
         (np.array([0, 1, 2]), np.array([0, 1])), 0.0, {}, ValueError, "do not broadcast"
     ),
     "ragged updates": (jnp.array([1, 2]), [[1.0, 2.0, 3.0], [1.0]], {}, ValueError, "ragged"),
-    "None among listed positions": ([None, 1], 0.0, {}, TypeError, "indices must be integers"),
-    "strings in an updates list": (1, ["a", "b", "c"], {}, TypeError, "updates holds a value"),
-    "None in an updates list": (1, [1.0, None, 2.0], {}, TypeError, "updates holds a value"),
+    "None among listed positions": ([None, 1], 0.0, {}, TypeError, "indices holds None"),
+    "strings in an updates list": (1, ["a", "b", "c"], {}, TypeError, "updates holds 'a'"),
+    "None in an updates list": (1, [1.0, None, 2.0], {}, TypeError, "updates holds None"),
     "a promise given as an array": (
         jnp.array([1, 2]), 0.0, {"unique_indices": np.array([True, False])}, TypeError,
-        r"unique_indices must be True or False, got an array of shape \(2,\)",
+        r"unique_indices must be True or False, got array\(\[ True, False\]\)",
     ),
+    "a ragged updates list of jax arrays": (
+        jnp.array([1, 2]), [jnp.ones(3), jnp.ones(2)], {}, ValueError, "ragged"),
 }
 
 

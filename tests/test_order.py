@@ -135,7 +135,7 @@ def test_a_step_sharing_one_order_gives_the_same_result(rng, backend, num_ids):
         (np.zeros(3, np.int32), 0, None, ValueError, "positive int"),
         (np.zeros(3, np.int32), 4.0, None, ValueError, "positive int"),
         (np.zeros(3, np.int32), 4, "wrap", ValueError, "jnp.mod"),
-        (["a", "b"], 4, None, TypeError, "integer indices"),
+        (["a", "b"], 4, None, TypeError, "indices holds .a., which is not a number"),
         ([[1], [1, 2]], 4, None, ValueError, "ragged"),
         (5, 4, None, TypeError, "1-D integer array or list"),
     ],
