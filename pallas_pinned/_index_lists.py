@@ -59,7 +59,7 @@ def positions_array(values: list | tuple) -> np.ndarray:
 
 def _ints(values: Any) -> list[int]:
     """The list's values as Python ints if every one is an integer (no bool); else []."""
-    leaves = jax.tree.leaves(values, is_leaf=lambda v: v is None)  # None is no int either
+    leaves = jax.tree.leaves(values)
     if not all(isinstance(v, int) and not isinstance(v, bool)
                or np.ndim(v) == 0 and np.asarray(v).dtype.kind in "iu" for v in leaves):
         return []
