@@ -30,12 +30,20 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pallas_pinned._rows import index_dtype, skip_row, to_wide
 
 __all__ = ["IndexPlan", "Item"]
+
+# jnp from 0.12.1 wraps a negative jax.ds start once (start + length), as it wraps a
+# negative int, in every mode, reads and writes, traced or static, before any other rule;
+# a static start >= 0 is still a Python slice to its static-slice path. Before 0.12.1 only
+# its dynamic-slice read path wrapped a traced start (IndexPlan.ds_read_wraps), and a
+# static negative start was a Python slice. jnp is the oracle: the rules follow its version.
+DS_STARTS_WRAP = jax.__version_info__ >= (0, 12, 1)
 
 
 def _block_checked(mode: str | None, read: bool) -> bool:
@@ -88,7 +96,9 @@ class IndexPlan:
     kind: str  # "axis0", "block" or "rows"
     index_shape: tuple[int, ...]
     advanced_together: bool = False  # numpy's rule: the advanced axes stay in place
-    ds_read_wraps: bool = True  # jnp reads a negative ds start wrapped (its dynamic-slice path)
+    # Before jax 0.12.1 (DS_STARTS_WRAP off): jnp reads a negative ds start wrapped (its
+    # dynamic-slice path).
+    ds_read_wraps: bool = True
     unique: bool = False  # the form itself guarantees distinct positions
     ascending: bool = False  # ... in ascending address order (a ring: but for one jump)
 
@@ -233,9 +243,10 @@ class IndexPlan:
                 start = item.value if static else wrapped(operands[item.operand], dim, wide)
             else:
                 start = item.value if static else _start_of(item, operands, wide)
-                # jnp wraps negative ints once; reads wrap ds starts too, except in
-                # the filling modes, which judge the window as given.
-                wraps = item.kind == "int" or (
+                # jnp wraps negative ints once, and ds starts from jax 0.12.1; before
+                # it, reads wrapped ds starts, except in the filling modes, which judge
+                # the window as given.
+                wraps = item.kind == "int" or DS_STARTS_WRAP or (
                     read and mode not in ("fill", "drop") and self.ds_read_wraps
                 )
                 if wraps:
@@ -306,6 +317,10 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps:
         # near 2**63 wrapped to row 0).
         low = max(-(span + dim), int(np.iinfo(wide).min))
         start = _start_of(item, operands, wide, bounds=(low, dim))
+        if DS_STARTS_WRAP:
+            # Once (jnp from 0.12.1); a start clamped to `low` still lands before the
+            # window's reach, as the unclamped one would.
+            start = jnp.where(start < 0, start + dim, start)
         steps = jnp.asarray(np.arange(size) * stride, wide)
         if stride > 1:
             # jnp gathers or scatters a strided window position by position
@@ -317,7 +332,7 @@ def _positions(item: Item, operands, dim: int, mode, *, read: bool, wide, wraps:
             # in every mode: the whole axis, never dropped or filled.
             return steps, None
         if read and mode not in ("fill", "drop"):
-            if wraps:
+            if wraps and not DS_STARTS_WRAP:
                 start = jnp.where(start < 0, start + dim, start)
             return jnp.clip(start, 0, dim - span) + steps, None
         if mode == "clip":  # A write: the window is shifted inside, never wrapped.

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_pinned import _index_lists
-from pallas_pinned._index import IndexPlan, Item, wrapped
+from pallas_pinned._index import DS_STARTS_WRAP, IndexPlan, Item, wrapped
 from pallas_pinned._rows import index_dtype, to_wide_numpy, without_sub_byte
 
 __all__ = ["MASK_ADVICE", "SUPPORTED_FORMS", "parse"]
@@ -44,6 +44,16 @@ def _is_ds(a: Any) -> bool:
 
 def _is_array(a: Any) -> bool:
     return isinstance(a, (np.ndarray, jax.Array)) or hasattr(a, "aval")
+
+
+def _dynamic_ds(a: Any) -> bool:
+    """A ``jax.ds`` that jnp takes as a dynamic slice: a traced (or array) start, and
+    from jax 0.12.1 a static negative one too (``_index.DS_STARTS_WRAP``)."""
+    if not _is_ds(a):
+        return False
+    if _is_array(a.start):
+        return True
+    return DS_STARTS_WRAP and isinstance(a.start, (int, np.integer)) and a.start < 0
 
 
 def _type_error(what: str) -> TypeError:
@@ -158,7 +168,7 @@ def parse(
     """The plan of ``x.at[index]`` for a buffer of ``shape``, and its dynamic operands.
 
     ``read``: the index is for ``get``. Without index arrays (rank >= 1),
-    jnp reads a ``jax.ds`` with a static start as the Python slice
+    jnp reads a ``jax.ds`` with a static start (>= 0 from jax 0.12.1) as the Python slice
     ``start:start + size:stride`` (clamped like any slice) in its clamping
     modes; it reads an index without index arrays or strided slices as a
     dynamic slice, whose negative traced ``jax.ds`` starts wrap once
@@ -171,13 +181,13 @@ def parse(
     shape = tuple(int(d) for d in shape)
     items, operands, axis = [], [], 0
     expanded, ellipsis_at = _expand(index, len(shape))
-    # jnp reads a jax.ds with a static start as the Python slice
+    # jnp reads a jax.ds with a static start (>= 0 from jax 0.12.1) as the Python slice
     # start:start + size:stride in its clamping modes when no index array
     # (rank >= 1) is present, and then only if the index is static, or takes its
     # dynamic-slice path (slices of step 1 or -1, no strided jax.ds); a traced
     # index that does not goes through a gather, which reads a window.
     arrays = any(isinstance(it, list) or (_is_array(it) and np.ndim(it) >= 1) for it in expanded)
-    dynamic = any(_is_array(it) or (_is_ds(it) and _is_array(it.start)) for it in expanded)
+    dynamic = any(_is_array(it) or _dynamic_ds(it) for it in expanded)
     unit_steps = all(
         (not isinstance(it, slice) or _is_unit_step(it.step))
         and (not _is_ds(it) or it.stride in (None, 1))
@@ -230,7 +240,7 @@ def _item(
     in Python, and numpy arrays in their own type, so none is clamped or truncated
     to the index type first (traced ones: ``_index.wrapped``)."""
     wrap_dim = dim if wrap and dim > 0 else None
-    if _is_ds(it) and static_ds_as_slice and not _is_array(it.start):
+    if _is_ds(it) and static_ds_as_slice and not _dynamic_ds(it):
         start, size = _static_int(it.start, "a ds start"), _static_int(it.size, "a ds size")
         it = slice(start, start + size, _static_int(it.stride, "a ds stride"))
     if isinstance(it, slice):

@@ -389,3 +389,27 @@ def test_a_read_takes_a_static_strided_ds_as_jnp_does_beside_any_int(mode):
         want = jax.jit(lambda x, i=index: x.at[i].get(mode=mode))(jnp.asarray(a))
         np.testing.assert_array_equal(
             np.asarray(got), np.asarray(want), err_msg=f"jit {index} {mode}")
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["traced", "static"])
+def test_the_ds_start_rule_follows_the_installed_jnp(static):
+    # jnp 0.12.1 began to wrap a negative jax.ds start once in writes (and in every mode);
+    # the library picks its rule by jax's version (_index.DS_STARTS_WRAP): this asserts
+    # that the version check says what the installed jnp does.
+    from pallas_pinned._index import DS_STARTS_WRAP
+
+    x, v = jnp.zeros(N, jnp.float32), jnp.ones(K, jnp.float32)
+
+    def write(at, x, s):
+        return at(x)[jax.ds(s, K)].set(v)
+
+    if static:
+        written = jax.jit(lambda x: write(lambda a: a.at, x, -K))(x)
+        got = jax.jit(lambda x: write(pallas_pinned.at, x, -K))(pinned(np.zeros(N, np.float32)))
+    else:
+        written = jax.jit(lambda x, s: write(lambda a: a.at, x, s))(x, -K)
+        got = jax.jit(lambda x, s: write(pallas_pinned.at, x, s))(
+            pinned(np.zeros(N, np.float32)), -K)
+    wraps = bool(np.asarray(written)[N - K:].all())
+    assert wraps == DS_STARTS_WRAP, f"jnp {jax.__version__}: {np.asarray(written).tolist()}"
+    assert_matches(got, written, f"ds(-{K}, {K}).set on jax {jax.__version__}")
