@@ -112,7 +112,7 @@ def _readers(n):
 
 
 def _host(a):
-    return jax.device_put(a, jax.sharding.SingleDeviceSharding(jax.devices()[0],
+    return jax.device_put(a, jax.sharding.make_single_device_sharding(jax.devices()[0],
                                                                memory_kind="pinned_host"))
 
 

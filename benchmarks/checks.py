@@ -159,8 +159,8 @@ def read_rows(x: jax.Array, rows: np.ndarray) -> np.ndarray:
     directly fails eagerly and runs on the host under jit.
     """
     device = next(iter(x.devices()))
-    on_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
-    whole = jax.device_put(x, on_device)
+    on_device = jax.sharding.make_single_device_sharding(device, memory_kind="device")
+    whole = jax.device_put(x, jax.memory.Space.Device)  # see sparse_training.max_abs_diff
     picked = np.asarray(_gather_fn()(whole, jax.device_put(rows.astype(np.int32), on_device)))
     if whole is not x:
         whole.delete()

@@ -77,8 +77,8 @@ def cases(gpu: bool, quick: bool, cpu_small: bool):
 
 def make_case(buffer_bytes: int, row_bytes: int, n: int, seed: int) -> Case:
     device = jax.devices()[0]
-    pinned = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
-    on_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+    pinned = jax.sharding.make_single_device_sharding(device, memory_kind="pinned_host")
+    on_device = jax.sharding.make_single_device_sharding(device, memory_kind="device")
     num_rows, width = buffer_bytes // row_bytes, row_bytes // 4
     # Seeded from plain numbers: the same data on every run and machine.
     rng = np.random.default_rng([seed, row_bytes, n])
@@ -150,7 +150,8 @@ def _check(c: Case, name: str):
     """One checked call; returns ``(mismatch, (step, state, args))`` for the timing."""
     if name == "gather_ceiling":
         block = jax.device_put(c.upd_np, c.x.sharding)
-        to_device = jax.sharding.SingleDeviceSharding(c.idx.devices().pop(), memory_kind="device")
+        to_device = jax.sharding.make_single_device_sharding(c.idx.devices().pop(),
+                                                             memory_kind="device")
         copied = jax.device_put(block, to_device)
         mismatch = None if np.asarray(copied).tobytes() == c.upd_np.tobytes() else (
             "the copy differs from its source")

@@ -256,7 +256,7 @@ def make_pattern_data(case: PatternCase, steps: int, rng: np.random.Generator, *
     picked = written[rng.choice(written.size, min(check_written, written.size), replace=False)]
     others = rng.integers(0, flat_rows, size=min(check_others, flat_rows))
     sample = np.unique(np.concatenate([picked, others]).astype(np.int64))
-    on_device = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="device")
+    on_device = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="device")
     return PatternData(case, steps, base, lengths0, jax.device_put(base, on_device),
                        jax.device_put(lengths0, on_device), sample)
 
@@ -268,8 +268,9 @@ def _flat_gather():
 
 def read_flat_rows(x: jax.Array, rows: np.ndarray) -> np.ndarray:
     """Rows of ``x`` seen as ``(-1, shape[-1])``, read through a device copy of ``x``."""
-    on_device = jax.sharding.SingleDeviceSharding(next(iter(x.devices())), memory_kind="device")
-    whole = jax.device_put(x, on_device)
+    on_device = jax.sharding.make_single_device_sharding(next(iter(x.devices())),
+                                                         memory_kind="device")
+    whole = jax.device_put(x, jax.memory.Space.Device)  # see sparse_training.max_abs_diff
     picked = np.asarray(_flat_gather()(whole, jax.device_put(rows.astype(np.int32), on_device)))
     if whole is not x:
         whole.delete()

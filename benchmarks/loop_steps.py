@@ -234,7 +234,7 @@ def make_loop_data(case: LoopCase, buffer_bytes: int, steps: int, rng: np.random
     sorted_table = np.sort(table, axis=1)
     hits = [checks.hits_in(sample, table[t]) for t in range(steps)]
     sorted_hits = [checks.hits_in(sample, sorted_table[t]) for t in range(steps)]
-    on_device = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="device")
+    on_device = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="device")
     put = functools.partial(jax.device_put, device=on_device)
     return LoopData(case, shape, table, base, put(table), put(sorted_table), put(base),
                     sample, hits, sorted_hits)

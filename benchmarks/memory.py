@@ -39,8 +39,8 @@ def memory_probe(buffer_gib: float, n_updates: int, seed: int, require_gpu: bool
     while num_elems // row_elems > INT32_MAX:  # keep row numbers within int32
         row_elems *= 2
     num_rows, row_shape = num_elems // row_elems, (() if row_elems == 1 else (row_elems,))
-    pinned = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
-    on_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+    pinned = jax.sharding.make_single_device_sharding(device, memory_kind="pinned_host")
+    on_device = jax.sharding.make_single_device_sharding(device, memory_kind="device")
     x = jax.device_put(np.full((num_rows, *row_shape), 1.5, np.float32), pinned)
     rng = np.random.default_rng(seed)
     spec = ScatterSpec(num_rows, row_shape, "float32", n_updates, "random_unique")

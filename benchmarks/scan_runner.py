@@ -35,7 +35,7 @@ class PinnedBuffer:
 
     def __init__(self, seed: int):
         device = jax.devices()[0]
-        self.pinned = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+        self.pinned = jax.sharding.make_single_device_sharding(device, memory_kind="pinned_host")
         self.x, self.layout, self.seed, self.fills = None, None, seed, 0
 
     def ensure(self, dtype: str, shape: tuple[int, ...]) -> None:

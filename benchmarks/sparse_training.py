@@ -117,8 +117,9 @@ def pcie_floor_us(distinct: np.ndarray, row_bytes: int, gbps: float) -> float:
 
 
 def max_abs_diff(a: jax.Array, reference: jax.Array) -> float:
-    """Largest ``|a - reference|``, computed on the reference's device memory."""
-    a_dev = jax.device_put(a, reference.sharding)
+    """Largest ``|a - reference|`` in device memory. ``a`` moves by memory space: jax 0.12.1's
+    CPU runtime refuses a jit's pinned_host output for a sharding of kind "device"."""
+    a_dev = jax.device_put(a, jax.memory.Space.Device)
     diff = float(jnp.max(jnp.abs(a_dev.astype(jnp.float32) - reference.astype(jnp.float32))))
     if a_dev is not a:
         a_dev.delete()
@@ -228,7 +229,7 @@ def make_inputs(args):
     scale = np.float32(1 / np.sqrt(args.dim))  # the usual embedding initialization
     targets = (scale * rng.standard_normal((args.steps, args.batch, args.dim))).astype(np.float32)
     device = jax.devices()[0]
-    on_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+    on_device = jax.sharding.make_single_device_sharding(device, memory_kind="device")
     table = scale * jax.random.normal(jax.random.key(args.seed), (args.rows, args.dim),
                                       jnp.float32)
     return (jax.block_until_ready(table), jax.device_put(ids, on_device),
@@ -245,7 +246,7 @@ def main(argv=None) -> int:
     row_bytes = args.dim * 4
     distinct = distinct_per_step(ids_np)
     floor_us = pcie_floor_us(distinct, row_bytes, args.pcie_gbps)
-    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     print(f"sparse training: table {args.rows} x {args.dim} float32 "
           f"({report.format_bytes(args.rows * row_bytes)}) in pinned host memory; {args.steps} "
           f"steps of {args.batch} Zipf(s={args.zipf_s}) ids in one lax.scan; {args.repeats} "

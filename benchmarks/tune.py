@@ -109,8 +109,8 @@ def measure_variant(x, idx, upd, sample, upd_np, study, n, backend, repeats, fla
 
 def run_study(study: str, args, records: list[dict]) -> None:
     device = jax.devices()[0]
-    pinned = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
-    on_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+    pinned = jax.sharding.make_single_device_sharding(device, memory_kind="pinned_host")
+    on_device = jax.sharding.make_single_device_sharding(device, memory_kind="device")
     counts = args.dedupe_counts if study == "small_dedupe" else args.counts
     pattern = "random_dup25" if study == "small_dedupe" else "random_unique"
     for row_bytes in args.row_bytes:

@@ -91,8 +91,9 @@ class Bench:
 
     def __post_init__(self):
         self.device = jax.devices()[0]
-        self.pinned = jax.sharding.SingleDeviceSharding(self.device, memory_kind="pinned_host")
-        self.on_device = jax.sharding.SingleDeviceSharding(self.device, memory_kind="device")
+        self.pinned = jax.sharding.make_single_device_sharding(self.device,
+                                                               memory_kind="pinned_host")
+        self.on_device = jax.sharding.make_single_device_sharding(self.device, memory_kind="device")
         self._fills = 0
 
     def set_layout(self, dtype: str, shape: tuple[int, ...]) -> bool:

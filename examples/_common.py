@@ -10,8 +10,8 @@ def placements():
     import jax
 
     dev = jax.devices()[0]
-    pinned = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
-    device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+    pinned = jax.sharding.make_single_device_sharding(dev, memory_kind="pinned_host")
+    device = jax.sharding.make_single_device_sharding(dev, memory_kind="device")
     return dev, pinned, device
 
 

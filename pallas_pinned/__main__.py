@@ -83,7 +83,7 @@ def _expected(x0, idx, width):
 def main(argv=None) -> int:
     args = _parse_args(argv)
     device = jax.devices()[0]
-    host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(device, memory_kind="pinned_host")
     rng = np.random.default_rng(0)
     x0 = rng.standard_normal((args.rows, args.width), dtype=np.float32)
     print(

@@ -3,7 +3,7 @@
 JAX records an array's memory in two places: its sharding's ``memory_kind``
 (what the runtime allocated) and its type's ``memory_space`` (what a trace
 sees). They can disagree: arrays made by ``jit(out_shardings=
-SingleDeviceSharding(..., "pinned_host"))``, ``make_array_from_callback`` or
+make_single_device_sharding(..., memory_kind="pinned_host"))``, ``make_array_from_callback`` or
 ``make_array_from_single_device_arrays`` have a ``pinned_host`` sharding but a
 type that says device memory (jax 0.11-0.12 derives the space from the
 sharding only for ``NamedSharding``). A trace of such an array plans device

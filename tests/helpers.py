@@ -163,7 +163,7 @@ def default_device():
 
 
 def sharding(kind: str, device=None):
-    return jax.sharding.SingleDeviceSharding(device or default_device(), memory_kind=kind)
+    return jax.sharding.make_single_device_sharding(device or default_device(), memory_kind=kind)
 
 
 def put(array, kind: str = "pinned_host", device=None) -> jax.Array:

@@ -21,8 +21,8 @@ import numpy as np
 import pallas_pinned
 
 CPU = jax.devices("cpu")[0]
-PINNED = jax.sharding.SingleDeviceSharding(CPU, memory_kind="pinned_host")
-DEVICE = jax.sharding.SingleDeviceSharding(CPU, memory_kind="device")
+PINNED = jax.sharding.make_single_device_sharding(CPU, memory_kind="pinned_host")
+DEVICE = jax.sharding.make_single_device_sharding(CPU, memory_kind="device")
 WRITES = ("set", "add", "min", "max", "multiply", "mul")
 
 

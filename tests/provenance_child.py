@@ -83,7 +83,7 @@ def _device():
 
 
 def _sharding(kind: str):
-    return jax.sharding.SingleDeviceSharding(_device(), memory_kind=kind)
+    return jax.sharding.make_single_device_sharding(_device(), memory_kind=kind)
 
 
 def _named_pinned():

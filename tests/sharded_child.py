@@ -61,7 +61,7 @@ def run_mesh(size: int) -> dict:
 
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, SingleDeviceSharding
+    from jax.sharding import NamedSharding, make_single_device_sharding
     from jax.sharding import PartitionSpec as P
 
     import pallas_pinned as pp
@@ -71,7 +71,7 @@ def run_mesh(size: int) -> dict:
     devices = jax.devices()
     mesh = jax.make_mesh((size,), ("data",), devices=devices[:size])
     on_mesh = NamedSharding(mesh, P("data"), memory_kind="pinned_host")
-    one = SingleDeviceSharding(devices[0], memory_kind="pinned_host")
+    one = make_single_device_sharding(devices[0], memory_kind="pinned_host")
     n_rows = 8 * size + 8 * (size == 1)  # 16 rows on one device: never 13 or 2*13.
     rng = np.random.default_rng(size)
     report: dict[str, str] = {}

@@ -110,7 +110,7 @@ _ACCELERATED = textwrap.dedent(
     import pallas_pinned as pp
     from pallas_pinned import _registry
     dev = jax.devices()[0]
-    host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(dev, memory_kind="pinned_host")
     rng = np.random.default_rng(0)
     x0 = rng.standard_normal((64, 3)).astype(np.float32)
     idx = np.array([5, 9, 5, 63], np.int32)
@@ -222,7 +222,7 @@ def test_auto_follows_a_table_that_says_triton(monkeypatch):
     }
     monkeypatch.setattr(_registry, "_table", lambda: table)
     monkeypatch.setattr(_registry, "pallas_triton_usable", lambda: True)
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x = jax.device_put(jnp.zeros((8, 2)), host)
     monkeypatch.setattr(_registry, "raw_triton_usable", lambda: True)
     assert _registry.choose("set", "rows", x, 4, "auto") == "triton"
@@ -256,7 +256,7 @@ def test_auto_follows_the_table_the_environment_names(backend_table, tmp_path):
     with pytest.raises(ValueError, match="not a readable backend table"):
         _registry.measured_choice("set", "float32", 5)
     # Refused before anything runs: the donated buffer is alive and unchanged.
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x0 = np.random.default_rng(2).standard_normal((8, 3)).astype(np.float32)
     x = jax.device_put(x0, host)
     with pytest.raises(ValueError, match="not a readable backend table"):
@@ -286,7 +286,7 @@ _BLOCKED = textwrap.dedent(
     import pallas_pinned as pp
     from pallas_pinned import _registry
     dev = jax.devices()[0]
-    host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(dev, memory_kind="pinned_host")
     x0 = np.arange(24, dtype=np.float32).reshape(8, 3)
     x = jax.device_put(x0, host)
     report = {"platform": jax.default_backend(), "import": True}
@@ -358,7 +358,7 @@ def test_auto_copies_small_strided_blocks_and_writes_contiguous_ones_as_rows(mon
         return chosen
 
     monkeypatch.setattr(_registry, "choose", spy)
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     flat = np.arange(4099 * 3, dtype=np.float32).reshape(4099, 3)  # No other test's shapes.
     layered = np.arange(64 * 7 * 3, dtype=np.float32).reshape(64, 7, 3)
     cases = (

@@ -177,7 +177,7 @@ def test_transfer_rows_move_each_read_row_into_the_next_and_the_replay_follows()
     want = np.array(table0)
     want[[5, 9]] = want[[3, 5]]  # step 0; step 1 reads row 2 and writes nothing in range
     np.testing.assert_array_equal(sparse_steps.transfer_replay(table0, rows), want)
-    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     moved = jax.jit(sparse_steps._transfer_scan)(jax.device_put(table0, pinned), rows, None)
     np.testing.assert_array_equal(moved, want)
 

@@ -94,7 +94,7 @@ _MEMORY_CHILD = textwrap.dedent(
     import pallas_pinned as pp
     op, gib, n = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     device = jax.devices()[0]
-    host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(device, memory_kind="pinned_host")
     x = jax.device_put(np.ones((int(gib * 2**30) // 4, 1), np.float32), host)
     rng = np.random.default_rng(0)
     idx = jnp.asarray(rng.integers(0, x.shape[0], n, dtype=np.int32))
@@ -162,7 +162,7 @@ _HUGE_X64 = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     import pallas_pinned as pp
     rows = 2**31 + 5
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x = jax.device_put(np.zeros((rows, 1), np.float32), host)
     idx = jnp.array([0, 2**31 - 1, -1, -5, 7, 7], jnp.int64)
     upd = jnp.arange(1, 7, dtype=jnp.float32)[:, None]
@@ -269,7 +269,7 @@ def test_compiles_with_automatic_host_compute_offload_disabled():
         import jax, jax.numpy as jnp, numpy as np
         import pallas_pinned as pp
         dev = jax.devices()[0]
-        host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+        host = jax.sharding.make_single_device_sharding(dev, memory_kind="pinned_host")
         def update(x, y):
             i = jax.device_put(jnp.arange(5), host)
             y = jax.device_put(y.astype(x.dtype), host)
@@ -367,7 +367,7 @@ def test_gather_and_add_compile_with_automatic_host_compute_offload_disabled():
         import jax, jax.numpy as jnp, numpy as np
         from pallas_pinned.scatter_add import scatter_add_to_host
         from pallas_pinned.gather import gather_from_host
-        host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+        host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
         x = jax.device_put(np.zeros((1 << 20,), np.float32), host)
         add = jax.jit(lambda x, i: scatter_add_to_host(x, i, 1.0), donate_argnums=(0,))
         x = add(x, jnp.array([0, 0, 3]))

@@ -53,7 +53,7 @@ def _oracle(a):
 
 
 def _host(a):
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    sharding = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     return jax.device_put(a, sharding)
 
 

@@ -153,7 +153,7 @@ def test_jax_array_indices(rng, kind):
     # Index arrays as jax arrays in either memory, outside jit.
     a = buffer_values(rng, (5, 4, 3), np.float32)
     idx_np = (A([[4], [0]]), S(None), A([2, -1, 0]))
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0], memory_kind=kind)
+    sharding = jax.sharding.make_single_device_sharding(jax.devices("cpu")[0], memory_kind=kind)
     idx = tuple(jax.device_put(i, sharding) if isinstance(i, np.ndarray) else i for i in idx_np)
     values = update_values(rng, (2, 3, 4), np.float32)
     for method in ALL:
@@ -197,7 +197,7 @@ def test_index_dtypes(rng, dtype):
 _LIST_OF_JAX_SCALARS = """
 import jax, jax.numpy as jnp, numpy as np
 import pallas_pinned
-pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
 for scalars in ([jnp.int4(1), jnp.int4(-2)], [jnp.uint2(1), jnp.uint2(3)], [jnp.int32(2)]):
     want = jnp.arange(8.0)[np.array([int(v) for v in scalars])]
     x = jax.device_put(np.arange(8.0), pinned)

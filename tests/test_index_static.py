@@ -162,7 +162,7 @@ def test_zero_d_buffer_stays_in_host_memory_under_donating_jit():
 
     code = """
 import jax, jax.numpy as jnp, numpy as np, pallas_pinned as pp
-PIN = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0], memory_kind="pinned_host")
+PIN = jax.sharding.make_single_device_sharding(jax.devices("cpu")[0], memory_kind="pinned_host")
 for op in ("set", "add", "max", "min", "multiply"):
     for idx in ((), ..., None):
         out = jax.jit(lambda x: getattr(pp.at(x)[idx], op)(2.0), donate_argnums=0)(

@@ -90,7 +90,7 @@ _X64_CHILD = textwrap.dedent(
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp, numpy as np
     import pallas_pinned as pp
-    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x0 = np.arange(5, dtype=np.float32) * 10
     x = jax.device_put(x0, pinned)
     top = 2**63 - 2

@@ -146,7 +146,7 @@ class Compiles(logging.Handler):
 
 logging.getLogger("jax").addHandler(Compiles())
 jax.config.update("jax_log_compiles", True)
-pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
 x = jax.device_put(np.zeros((64, 4), np.float32), pinned)
 i, y = jnp.array([1, 3]), jnp.ones((2, 4))
 jax.block_until_ready((x, i, y))

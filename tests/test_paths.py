@@ -31,7 +31,7 @@ SET_PATHS = {
 
 
 def _host(array):
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    sharding = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     return jax.device_put(array, sharding)
 
 
@@ -161,7 +161,7 @@ def test_a_buffer_of_more_rows_than_int32_needs_x64_indices(method):
     # index cannot wrap onto them and a uint32 one would saturate onto row 2**31 - 1
     # (jnp refuses such an axis too). Refused at trace time; with x64 it traces. Traced
     # only (the buffer would be 8 GiB); tests/test_gpu.py runs it.
-    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x = jax.ShapeDtypeStruct((2**31 + 5, 1), jnp.float32, sharding=pinned)
 
     def call(x, rows):

@@ -234,7 +234,7 @@ _JNP_SET_UNDER_DONATING_JIT = textwrap.dedent(
     start = (-raw.ctypes.data) % 64 + (0 if memory == "borrowed" else 4)
     source = raw[start:start + x0.nbytes].view(np.float32).reshape(x0.shape)
     source[...] = x0
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=kind)
+    sharding = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind=kind)
     x = jax.make_array_from_callback(x0.shape, sharding, lambda index: source[index])
     borrowed = x.unsafe_buffer_pointer() == source.ctypes.data
     print("type says", jax.typeof(x).memory_space, "borrowed", borrowed, flush=True)

@@ -233,7 +233,7 @@ def test_indices_and_updates_in_pinned_host(rng, backend):
 
 
 def _user_update(backend):
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], "pinned_host")
+    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
 
     def update(x, y):
         i = jax.device_put(jnp.arange(5), host)

@@ -100,7 +100,7 @@ _WIDE_INDEX_CHILD = textwrap.dedent(
     from pallas_pinned.testing import gather_oracle, scatter_add_oracle, scatter_oracle
 
     backends = sys.argv[1].split(",")
-    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], "pinned_host")
+    pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     BIG = [2**31 + 5, 2**32 + 5, -(2**32) + 5, 2**63 - 3]  # 5 and -3 modulo 2**32
     forms = {
         "numpy int64": lambda v: np.array(v, np.int64),
@@ -231,7 +231,7 @@ _X64_CAST_CHILD = textwrap.dedent(
     import jax.numpy as jnp, numpy as np
     import pallas_pinned as pp
     warnings.simplefilter("ignore", FutureWarning)  # Both warn alike: tests above.
-    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     cases = [  # buffer dtype, updates: int64 meets uint64 in float64 in jnp's promotion
         ("uint64", np.array([-1, 2**62 + 1], np.int64)),
         ("int64", np.array([2**64 - 1, 2**62 + 1], np.uint64)),
@@ -271,7 +271,8 @@ def test_ops_under_x64_and_strict_dtype_promotion_give_jnps_result(op, backend):
     # the CPU, whose traced program holds the CUDA kernel too.
     with jax.enable_x64(True), jax.numpy_dtype_promotion("strict"):
         x0 = np.arange(32, dtype=np.float32).reshape(8, 4)
-        pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+        pinned = jax.sharding.make_single_device_sharding(jax.devices()[0],
+                                                          memory_kind="pinned_host")
 
         def ours(x, i, u):
             at = pp.at(x)[i]
@@ -295,7 +296,7 @@ def test_a_write_that_trips_a_nan_or_inf_check_keeps_its_buffer(check):
     # donated buffer would be gone by then (it was: "Array has been deleted", x lost).
     x0 = np.zeros((8, 4), np.float32)
     x0[6, 0] = np.inf if check == "debug_infs" else np.nan
-    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x = jax.device_put(x0, pinned)
     with getattr(jax, check)(True), pytest.raises(FloatingPointError):
         pp.at(x)[jnp.array([1, 2])].add(jnp.ones((2, 4), jnp.float32))

@@ -100,7 +100,7 @@ def test_processes(tmp_path):
 
     n_rows = 4 * 2 * processes
     x0 = np.random.default_rng(0).standard_normal((n_rows, 5)).astype(np.float32)
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    one = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     ref_x, ref_got, ref_seen = scenario(
         (pp.scatter_to_host, pp.scatter_add_to_host, pp.gather_from_host),
         jax.device_put(x0, one), n_rows)

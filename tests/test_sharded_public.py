@@ -29,10 +29,10 @@ _CHILD = textwrap.dedent(
     jax.config.update("jax_num_cpu_devices", 4)
     import jax.numpy as jnp, numpy as np
     import pallas_pinned as pp
-    from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
+    from jax.sharding import NamedSharding, PartitionSpec as P, make_single_device_sharding
     mesh = jax.make_mesh((4,), ("data",))
     sharded = NamedSharding(mesh, P("data"), memory_kind="pinned_host")
-    single = SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    single = make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     rng = np.random.default_rng(7)
     x0 = rng.standard_normal((64, 3)).astype(np.float32)
     idx = rng.integers(-70, 70, 40).astype(np.int32)  # duplicates across shards, out of range
@@ -284,7 +284,7 @@ def test_gpu_one_device_mesh_runs_the_kernel_inside_shard_map(backend):
 
 
 def _single():
-    return jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    return jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
 
 
 @pytest.mark.parametrize("spec", ["data", None], ids=["sharded", "replicated"])
@@ -326,7 +326,7 @@ def test_a_fill_read_of_an_empty_axis_converts_the_fill_as_on_one_device(fill_va
 
     mesh = jax.make_mesh((2,), ("data",))
     x0 = np.zeros((4, 0, 3), np.int8)
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    one = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     sharded = NamedSharding(mesh, P("data"), memory_kind="pinned_host")
 
     def read(x):

@@ -30,7 +30,7 @@ on_gpu = [pytest.mark.gpu, pytest.mark.skipif(_NO_LAUNCH is not None, reason=_NO
 
 
 def _sharding(memory_kind: str):
-    return jax.sharding.SingleDeviceSharding(cuda_devices()[0], memory_kind=memory_kind)
+    return jax.sharding.make_single_device_sharding(cuda_devices()[0], memory_kind=memory_kind)
 
 
 def _put(a, memory_kind: str = "device"):

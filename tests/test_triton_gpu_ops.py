@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_NO_LAUNCH is not None, reason
 
 
 def _put(a, memory_kind: str = "device"):
-    sharding = jax.sharding.SingleDeviceSharding(cuda_devices()[0], memory_kind=memory_kind)
+    sharding = jax.sharding.make_single_device_sharding(cuda_devices()[0], memory_kind=memory_kind)
     return jax.device_put(a, sharding)
 
 

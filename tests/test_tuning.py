@@ -108,7 +108,8 @@ def test_a_users_jit_keeps_the_program_of_its_first_trace():
 
     import pallas_pinned as pp
 
-    pinned = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0], memory_kind="pinned_host")
+    pinned = jax.sharding.make_single_device_sharding(jax.devices("cpu")[0],
+                                                      memory_kind="pinned_host")
     x = jax.device_put(np.zeros((16, 4), np.float32), pinned)
     u = jnp.ones((16,), jnp.float32)
 

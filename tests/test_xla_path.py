@@ -41,7 +41,7 @@ def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch
     assert _registry.measured_choice("set", "float32", 10**6) == "pallas"  # Beyond: the last.
     assert _registry.measured_choice("max", "float32", 3) == "xla"  # Follows add.
     assert _registry.measured_choice("get", "float32", 3) == "pallas"  # Not measured.
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x0 = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)
     on_host = jax.device_put(x0, host)
     assert _registry.choose("set", "axis0", on_host, 5, "auto") == "xla_native"
@@ -101,7 +101,7 @@ def test_auto_gives_add_s_xla_path_to_rows_known_distinct_only(monkeypatch):
     # Beyond the measured classes XLA's path is unmeasured: the kernel serves.
     assert _registry.measured_choice("add", "float32", 17, distinct=True) == "pallas"
     assert _registry.measured_choice("max", "float32", 3, distinct=True) == "xla"  # Follows add.
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x0 = np.random.default_rng(3).standard_normal((13, 5)).astype(np.float32)
     on_host = jax.device_put(x0, host)
     assert _registry.choose("add", "axis0", on_host, 5, "auto") == "pallas"
@@ -166,7 +166,7 @@ def test_gpu_auto_on_xla_s_own_path_matches_jnp_with_duplicates(tmp_path, backen
         return np.asarray(getattr(on_cpu[0].at[on_cpu[1]], method)(on_cpu[2]))
 
     rng = np.random.default_rng(n)
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x0 = rng.standard_normal((50_000, 64)).astype(np.float32)
     idx = np.minimum(rng.zipf(1.3, n), 50_000 + 7).astype(np.int32) - 8  # repeats, <0, >=N
     upd = rng.standard_normal((n, 64)).astype(np.float32)
@@ -193,7 +193,7 @@ def test_gpu_auto_adds_promised_distinct_rows_on_xla_s_path_up_to_the_last_class
     backend_table(None)
     assert _registry._table()["size_classes"][-1] == 16384
     rng = np.random.default_rng(n)
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x0 = rng.standard_normal((50_000, 64)).astype(np.float32)
     idx = rng.permutation(50_000)[:n].astype(np.int32)
     upd = rng.standard_normal((n, 64)).astype(np.float32)
