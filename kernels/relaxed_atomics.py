@@ -10,7 +10,7 @@ atomic compiles to ``REDG.E.ADD.F32x4`` (no barrier, nothing to wait for), the
 instruction of XLA's own scatter-add (its emitter's atomics are monotonic).
 
 Pallas offers no semantic for its atomics, so this module reaches into three
-private hooks of JAX (present in jax 0.11.2 and 0.12.0.1): Pallas's lowering
+private hooks of JAX (present in jax 0.11.2, 0.12.0.1 and 0.12.1): Pallas's lowering
 rules are keyed by the exact type of the compiler params
 (``jax._src.pallas.core.register_lowering_rule``), so a subclass of
 Pallas-Triton's ``CompilerParams`` gets a rule of its own, which lowers the
