@@ -157,7 +157,10 @@ def main(argv=None) -> int:
     else:  # Before any backend starts; only the CPU backend reads it (GPUs are GPUs).
         jax.config.update("jax_num_cpu_devices", args.devices)
     if len(jax.devices()) < args.devices:
-        print(f"only {len(jax.devices())} devices; asked for {args.devices}", file=sys.stderr)
+        have = len(jax.devices())
+        print(f"only {have} {jax.default_backend()} devices; asked for {args.devices}: pass "
+              f"--devices {have}, or run on {args.devices} CPU devices with JAX_PLATFORMS=cpu",
+              file=sys.stderr)
         return 2
     ok = run(args)
     if args.process_id is not None:
