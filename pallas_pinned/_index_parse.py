@@ -48,12 +48,15 @@ def _is_array(a: Any) -> bool:
 
 def _dynamic_ds(a: Any) -> bool:
     """A ``jax.ds`` that jnp takes as a dynamic slice: a traced (or array) start, and
-    from jax 0.12.1 a static negative one too (``_index.DS_STARTS_WRAP``)."""
+    from jax 0.12.1 a static negative start or a size given as an array (a concrete
+    one: a traced size is refused) too (``_index.DS_STARTS_WRAP``)."""
     if not _is_ds(a):
         return False
     if _is_array(a.start):
         return True
-    return DS_STARTS_WRAP and isinstance(a.start, (int, np.integer)) and a.start < 0
+    if not DS_STARTS_WRAP:
+        return False
+    return _is_array(a.size) or (isinstance(a.start, (int, np.integer)) and a.start < 0)
 
 
 def _type_error(what: str) -> TypeError:
@@ -93,7 +96,7 @@ def _static_int(v: Any, what: str) -> int:
             "static argument of your jit, or use a fixed size with mode='fill' or 'drop'"
         )
     if _is_array(v) and np.ndim(v) == 0 and jnp.issubdtype(v.dtype, jnp.integer):
-        return int(v)  # A concrete jax scalar: static (jnp's own indexing asserts on it).
+        return int(v)  # A concrete jax scalar: static (jnp before 0.12.1 asserts on it).
     raise _type_error(f"{type(v).__name__} {v!r} as {what}")
 
 
@@ -170,10 +173,11 @@ def parse(
     ``read``: the index is for ``get``. Without index arrays (rank >= 1),
     jnp reads a ``jax.ds`` with a static start (>= 0 from jax 0.12.1) as the Python slice
     ``start:start + size:stride`` (clamped like any slice) in its clamping
-    modes; it reads an index without index arrays or strided slices as a
-    dynamic slice, whose negative traced ``jax.ds`` starts wrap once
-    (``IndexPlan.ds_read_wraps``); any other through a gather, whose window
-    starts are only clamped. ``min_lead``: at least this
+    modes; before 0.12.1 it reads an index without index arrays or strided slices
+    as a dynamic slice, whose negative traced ``jax.ds`` starts wrap once
+    (``IndexPlan.ds_read_wraps``), any other through a gather, whose window starts
+    are only clamped; from 0.12.1 every negative start wraps once first
+    (``_index.DS_STARTS_WRAP``). ``min_lead``: at least this
     many leading axes become rows (the sharded layer needs axis 0 among them).
     Raises TypeError, IndexError or ValueError for forms jnp refuses or that
     are not supported (boolean masks, traced slice bounds), before anything runs.
@@ -358,8 +362,9 @@ def _plan(shape, items, mode, min_lead: int = 0, ellipsis_at: int | None = None)
         and item.static[0] > shape[item.axis] // math.gcd(item.static[1], shape[item.axis])
         for item in lead_items
     )
-    # jnp's dynamic-slice path (what wraps a negative ds start on a read):
-    # no index arrays, unit-step slices and windows only.
+    # jnp's dynamic-slice path (what wraps a negative ds start on a read before jax
+    # 0.12.1; from 0.12.1 every path wraps it): no index arrays, unit-step slices and
+    # windows only.
     dynamic_slice_path = not arrays and all(
         (item.kind != "slice" or item.static[2] in (1, -1))
         and (item.kind != "ds" or item.static[1] == 1)

@@ -413,3 +413,16 @@ def test_the_ds_start_rule_follows_the_installed_jnp(static):
     wraps = bool(np.asarray(written)[N - K:].all())
     assert wraps == DS_STARTS_WRAP, f"jnp {jax.__version__}: {np.asarray(written).tolist()}"
     assert_matches(got, written, f"ds(-{K}, {K}).set on jax {jax.__version__}")
+
+
+def test_a_ds_size_given_as_an_array_reads_as_the_installed_jnp_reads():
+    # jnp 0.12.1 takes a jax.ds whose size is an array (concrete) as a dynamic slice: the
+    # window is clamped inside, not cut short as a Python slice (before 0.12.1 jnp asserts).
+    from pallas_pinned._index import DS_STARTS_WRAP
+
+    a = np.arange(7, dtype=np.float32)
+    got = pallas_pinned.at(pinned(a))[jax.ds(5, np.array(3))].get()
+    if DS_STARTS_WRAP:
+        assert_matches(got, jnp.asarray(a).at[jax.ds(5, np.array(3))].get(), "ds(5, array 3)")
+    else:
+        np.testing.assert_array_equal(np.asarray(got), a[5:8])
