@@ -31,14 +31,15 @@ Install with ``pip install -e ".[triton]"`` (jax-triton 0.3.1, triton
 3.6). Combinations, and where they were tested:
 
 * jax-triton 0.3.1 + triton 3.6.0, jax 0.11.2: launched on an H200 (GPU tests).
-* jax-triton 0.3.1 + triton 3.6.0, jax 0.12.0.1, CPU (CI): 0.3.1 does not
+* jax-triton 0.3.1 + triton 3.6.0, jax 0.12.0.1 and 0.12.1, CPU (CI): 0.3.1 does not
   import without CUDA; the kernels compile for sm_90 (both signatures) and
   the launch lowers for CUDA with a stand-in for jaxlib's CUDA Triton plugin,
   jax-triton compiling the very PTX of :func:`triton_aot.compile_for_target`.
-* jax-triton 0.4.1 + triton 3.9.0 (0.4 needs triton >= 3.7), jax 0.12.0.1,
-  CPU (by hand, same tests): imports, compiles, its launch lowers the same
-  way, but with jax 0.12 it cannot launch: 0.4.1's dead-code rule takes the
-  old arguments, so ``jit`` fails to lower it (``keep_unused=True`` aside);
+* jax-triton 0.4.1 + triton 3.9.0 (0.4 needs triton >= 3.7), jax 0.12.0.1 and
+  0.12.1, CPU (``dev.sh test``'s ``.venv-jt04``, same tests): imports, compiles,
+  its launch lowers the same way, but with jax 0.12 it cannot launch: 0.4.1's
+  dead-code rule takes the old arguments, so ``jit`` fails to lower it
+  (``keep_unused=True`` aside);
   :func:`check_can_launch` refuses it (:data:`JAX_TRITON_UNUSABLE`).
 """
 

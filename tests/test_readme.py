@@ -18,7 +18,7 @@ verbatim. Choices, and why:
 
 The second half re-checks, on the installed jax, the rules the README states for
 jnp's index modes (``x.at[i].get/set/add(..., mode=...)``), which the README says
-were checked on jax 0.11.2 and 0.12.0.1.
+were checked on jax 0.11.2, 0.12.0.1 and 0.12.1.
 """
 
 from __future__ import annotations
