@@ -68,7 +68,7 @@ import numpy as np
 from jax import lax
 
 import pallas_pinned as pp
-from benchmarks import cases
+from benchmarks import cases, checks
 from benchmarks.scan_runner import (
     PinnedBuffer,
     check_scan,
@@ -261,20 +261,9 @@ def make_pattern_data(case: PatternCase, steps: int, rng: np.random.Generator, *
                        jax.device_put(lengths0, on_device), sample)
 
 
-@functools.cache
-def _flat_gather():
-    return jax.jit(lambda a, rows: a.reshape(-1, a.shape[-1])[rows])
-
-
 def read_flat_rows(x: jax.Array, rows: np.ndarray) -> np.ndarray:
     """Rows of ``x`` seen as ``(-1, shape[-1])``, read through a device copy of ``x``."""
-    on_device = jax.sharding.make_single_device_sharding(next(iter(x.devices())),
-                                                         memory_kind="device")
-    whole = jax.device_put(x, jax.memory.Space.Device)  # see sparse_training.max_abs_diff
-    picked = np.asarray(_flat_gather()(whole, jax.device_put(rows.astype(np.int32), on_device)))
-    if whole is not x:
-        whole.delete()
-    return picked
+    return checks.read_rows(x, rows, flat=True)
 
 
 def check_pattern(data: PatternData, provider: str, before: np.ndarray,
