@@ -415,14 +415,20 @@ def test_the_ds_start_rule_follows_the_installed_jnp(static):
     assert_matches(got, written, f"ds(-{K}, {K}).set on jax {jax.__version__}")
 
 
-def test_a_ds_size_given_as_an_array_reads_as_the_installed_jnp_reads():
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_a_ds_size_given_as_an_array_reads_as_the_installed_jnp_reads(jitted):
     # jnp 0.12.1 takes a jax.ds whose size is an array (concrete) as a dynamic slice: the
     # window is clamped inside, not cut short as a Python slice (before 0.12.1 jnp asserts).
     from pallas_pinned._index import DS_STARTS_WRAP
 
     a = np.arange(7, dtype=np.float32)
-    got = pallas_pinned.at(pinned(a))[jax.ds(5, np.array(3))].get()
+
+    def read(at, x):
+        return at(x)[jax.ds(5, np.array(3))].get()
+
+    run = jax.jit(read, static_argnums=0) if jitted else read
+    got = run(pallas_pinned.at, pinned(a))
     if DS_STARTS_WRAP:
-        assert_matches(got, jnp.asarray(a).at[jax.ds(5, np.array(3))].get(), "ds(5, array 3)")
+        assert_matches(got, run(lambda x: x.at, jnp.asarray(a)), "ds(5, array 3)")
     else:
         np.testing.assert_array_equal(np.asarray(got), a[5:8])
