@@ -219,13 +219,21 @@ def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
         # skip markers it leaves behind must always be masked.
         rows, updates2d = _combined(x2d, rows, updates2d, cfg, presorted=cfg.ascending)
         check_bounds = True
-    elif (
-        cfg.thresholds.coalesce
-        and not cfg.ascending
-        and rows.shape[0] >= cfg.thresholds.sort_min_adds
-    ):
-        # Distinct rows: sort only for address locality.
-        rows, src = lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1)
+    else:
+        ascending = cfg.ascending
+        if (
+            cfg.thresholds.coalesce
+            and not ascending
+            and rows.shape[0] >= cfg.thresholds.sort_min_adds
+        ):
+            # Distinct rows: sort only for address locality.
+            rows, src = lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1)
+            ascending = True
+        if (ascending and not atomic and launch.add_sorted is not None
+                and cfg.thresholds.distinct_adds_by_runs):
+            # Ascending distinct rows are runs of one entry each; where the owners read
+            # their rows, the runs kernel is faster (tuning says where it was measured).
+            return launch.add_sorted(x2d, rows, src, updates2d, acc_dtype=acc, **atomic)
     return launch.add(
         x2d, rows, src, updates2d, acc_dtype=acc, check_bounds=check_bounds, **atomic
     )

@@ -148,6 +148,28 @@ class Thresholds:
     # 168.0; the sparse client (Zipf) 70.1 / 71.2. Rows with a zero, tiny or
     # non-finite total keep the read and store (kernels/owner_write.py).
     atomic_add_from: int = 1024
+    # scatter_add_to_host (Pallas): an add of rows known distinct that run in ascending order
+    # (sorted for locality, from sort_min_adds updates, or promised sorted), and whose owners
+    # read their rows (no atomic owner write: see atomic_add_from), is summed by the
+    # sorted-runs kernel, each row a run of one, instead of the plain add kernel. Both give the
+    # same bits; they differ in tiling (the runs kernel puts 8-64 entries in a program where
+    # the plain kernel fills 16 KiB tiles) and in when the buffer's rows are read. Measured
+    # first: the H100 grid of 2026-12-06 08:53 UTC (benchmarks/results/
+    # loop_bf16_quick_graphs_h100_1206_0853.json) added 16384 x 256 B bfloat16 rows promised
+    # distinct in 195.1 us per step (sort, plain kernel) against 183.7 unpromised (sort,
+    # runs kernel); float32 173.0 against 160.9 (08:10 UTC). H100 A/B, 09:54 UTC
+    # (docs/lab/distinct_runs_ab.sh, graphed loop, backend="pallas", A false, B true, runs
+    # A B B A, us per step), promised distinct: 16384 x 256 B float32 180.1, 165.0, 163.7,
+    # 178.0 (A B B A); bfloat16 195.5, 183.4, 184.0, 195.2; 16384 x 1 KiB bfloat16 581.5,
+    # 488.4, 494.3, 582.0; float32 503.8, 503.8, 516.0, 500.4, a tie within the run's noise
+    # (the unpromised control, the same code in both arms, 506.6, 505.2, 512.1, 501.8).
+    # Its confirmation, 10:04 UTC (A B A B A B): float32 at 1 KiB 498.1, 502.5, 503.4, 510.0,
+    # 502.0, 510.1; B's mean 1.27 % over A's, past the 1 % the rule written before it allowed,
+    # so the atomic adds (float32 from 1024 updates) keep the plain kernel. The control drifted
+    # as much (500.6, 501.7, 506.1, 508.2, 498.9, 515.1), and float32 at 256 B, also atomic,
+    # had gained 14 us: left unmeasured again (auto runs XLA's add for such rows promised
+    # distinct up to 16384; the kernel serves backend="pallas" and larger adds).
+    distinct_adds_by_runs: bool = True
     # scatter_add_to_host (Pallas), with the atomic owner write above: the
     # atomics relaxed instead of acquire-release (kernels/relaxed_atomics.py:
     # no barrier before each, no wait for the old value; what XLA's own

@@ -18,7 +18,7 @@ import pytest
 
 import pallas_pinned as pp
 from pallas_pinned import _rows, tuning
-from pallas_pinned.testing import assert_same, scatter_oracle
+from pallas_pinned.testing import assert_same, scatter_add_oracle, scatter_oracle
 
 KERNEL_BACKENDS = ["interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
 
@@ -140,6 +140,51 @@ def test_add_order_kernel_gives_xlas_order_bits(request, monkeypatch, backend, n
     keep = (idx >= -50) & (idx < 50)
     np.add.at(expected, np.where(idx[keep] < 0, idx[keep] + 50, idx[keep]), upd[keep])
     np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-5)
+
+
+# Distinct rows that ascend: sorted for locality (from sort_min_adds), or promised sorted.
+DISTINCT_ASCENDING = {
+    "sorted for locality": dict(sort_min_adds=0),
+    "promised sorted": dict(sort_min_adds=10**9),
+}
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("order", sorted(DISTINCT_ASCENDING))
+@pytest.mark.parametrize("mode", [None, "promise_in_bounds"])
+@pytest.mark.parametrize(("dtype", "atomic_from"),
+                         [(np.float32, 10**9), (np.float32, 0), (jnp.bfloat16, 10**9)])
+def test_distinct_adds_give_the_same_bits_by_runs_as_by_the_add_kernel(
+        request, backend, order, mode, dtype, atomic_from):
+    # tuning.distinct_adds_by_runs: the sorted-runs kernel (runs of one entry) or the plain
+    # add kernel, which the atomic owner write keeps; the jaxpr says which ran.
+    rng = _rng(request)
+    rows, n, width = 300, 150, 3
+    x0 = rng.standard_normal((rows, width)).astype(dtype)
+    idx = rng.permutation(rows)[:n].astype(np.int32)
+    idx[::3] -= rows  # Negatives name the same distinct rows.
+    if mode is None:
+        idx[1::7] = rows + 7 * np.arange(idx[1::7].size)  # Dropped, distinct too.
+    promised_sorted = order == "promised sorted"
+    if promised_sorted:
+        idx = idx[np.argsort(np.where(idx < 0, idx + rows, idx), kind="stable")]
+    upd = rng.standard_normal((n, width)).astype(dtype)
+
+    results = []
+    for by_runs in (False, True):
+        def add(x, i, u):  # A new function per arm: make_jaxpr caches by function.
+            return pp.scatter_add_to_host(x, i, u, mode=mode, unique_indices=True,
+                                          indices_are_sorted=promised_sorted, backend=backend)
+
+        with tuning.override(fused_max_adds=0, atomic_add_from=atomic_from,
+                             distinct_adds_by_runs=by_runs, **DISTINCT_ASCENDING[order]):
+            args = (_host(x0), jnp.asarray(idx), jnp.asarray(upd))
+            ran_runs = "scatter_add_sorted_runs" in str(jax.make_jaxpr(add)(*args))
+            atomic = dtype == np.float32 and atomic_from == 0  # Keeps the plain kernel.
+            assert ran_runs == (by_runs and not atomic), f"distinct_adds_by_runs={by_runs}"
+            results.append(np.asarray(add(*args)))
+    assert_same(results[0], results[1], what="runs kernel vs add kernel")
+    assert_same(results[1], scatter_add_oracle(x0, idx, upd, mode))
 
 
 def test_fused_path_duplicate_search_spans_many_chunks(request):
