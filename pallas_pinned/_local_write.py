@@ -377,10 +377,9 @@ def _warn_trace_state_unknown() -> None:
 def write(x, operands, updates, call: WriteCall):
     """Runs (or, inside a trace, stages) the write with its transformation rules.
 
-    Outside a trace, ``x`` is consumed (donated) and the update happens in
-    place, unless another argument is being transformed (see the module
-    docstring); when there is nothing to write, ``x`` comes back untouched.
-    """
+    Outside a trace, ``x`` is consumed (donated) and the update happens in place, unless
+    another argument is being transformed (see the module docstring); when there is
+    nothing to write, ``x`` comes back untouched."""
     if not isinstance(updates, jax.Array | jax.core.Tracer):
         updates = jnp.asarray(updates)  # custom_vjp wants arrays, not Python scalars.
     if isinstance(x, jax.core.Tracer):
@@ -397,4 +396,5 @@ def write(x, operands, updates, call: WriteCall):
     if call.plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write; the buffer stays as it is.
     x = _placement.fix_memory_space(x)
-    return _jitted(x.sharding, may_donate(operands, updates))(x, operands, updates, call)
+    written = _jitted(x.sharding, may_donate(operands, updates))(x, operands, updates, call)
+    return _placement.hold_until_computed(written)  # Kept until computed (see there why).

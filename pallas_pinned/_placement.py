@@ -16,6 +16,8 @@ Tracers carry only their type, which is all a trace can know.
 
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Any
 
 import jax
@@ -26,6 +28,7 @@ from jax import lax
 __all__ = [
     "fix_memory_space",
     "gathered",
+    "hold_until_computed",
     "is_concrete",
     "on_each_copy",
     "on_host",
@@ -67,6 +70,51 @@ def wait_for_inputs(*args: Any) -> None:
         error.add_note("pallas_pinned: an index or updates array of this write failed to "
                        "compute; nothing was written and x was not consumed")
         raise
+
+
+class _Holder:
+    """One daemon thread that keeps each array it is given until the array is computed."""
+
+    def __init__(self):
+        self._arrays: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, array: Any) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._wait, name="pallas_pinned-hold", daemon=True
+                )
+                self._thread.start()
+        self._arrays.put(array)
+
+    def _wait(self) -> None:
+        while True:
+            array = self._arrays.get()
+            try:
+                array.block_until_ready()
+            except Exception:  # noqa: BLE001 - deleted (donated on), or failed: the caller's to see.
+                pass
+            del array
+
+
+_HOLDER = _Holder()
+
+
+def hold_until_computed(result: Any) -> Any:
+    """``result``, kept alive by the library until its computation has finished.
+
+    jax 0.11.2 frees a pinned_host array dropped while the computation writing it still runs,
+    and the next pinned_host array can get that memory at once: its contents, copied in by the
+    CPU, are then overwritten by the late write (docs/lab/freed_result_race_probe.py, an H100:
+    a donating jit of ``x.at[i].add(u)`` whose result was dropped changed the next array in
+    100 of 100 trials, our eager write queued behind 20 ms of device work in 100 of 100; the
+    same writes with their results kept, in none). An eager write hands its result here, so
+    that a caller who drops it loses only that result, not a later array.
+    """
+    _HOLDER.hold(result)
+    return result
 
 
 def on_host(a: Any) -> bool:

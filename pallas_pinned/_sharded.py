@@ -215,7 +215,9 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
     if plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write: the buffer stays as it is, not consumed.
     donate = _local_write.may_donate(operands, updates)
-    return eager_write(x.sharding, donate)(x, operands, updates, cfg)
+    return _placement.hold_until_computed(
+        eager_write(x.sharding, donate)(x, operands, updates, cfg)
+    )
 
 
 def scatter(x, index, updates, **settings):
