@@ -67,9 +67,10 @@ class ReadCall:
 
 def read(x, operands, call: ReadCall):
     """Runs (or, inside a trace, stages) the read; the result is in device memory."""
-    if _placement.is_concrete(x):
-        x = _placement.fix_memory_space(x)  # Traces must see where x really is.
-    return _read_jit(x, operands, call)
+    if not _placement.is_concrete(x):
+        return _read_jit(x, operands, call)
+    x = _placement.fix_memory_space(x)  # Traces must see where x really is.
+    return _placement.hold_until_computed(_read_jit(x, operands, call), x, operands)
 
 
 @functools.partial(jax.jit, static_argnames=("call",))

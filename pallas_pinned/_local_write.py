@@ -397,4 +397,4 @@ def write(x, operands, updates, call: WriteCall):
         return x  # Nothing to write; the buffer stays as it is.
     x = _placement.fix_memory_space(x)
     written = _jitted(x.sharding, may_donate(operands, updates))(x, operands, updates, call)
-    return _placement.hold_until_computed(written)  # Kept until computed (see there why).
+    return _placement.hold_until_computed(written, x, operands, updates)  # (See there why.)

@@ -73,47 +73,48 @@ def wait_for_inputs(*args: Any) -> None:
 
 
 class _Holder:
-    """One daemon thread that keeps each array it is given until the array is computed."""
+    """One daemon thread that keeps what it is given until a result is computed."""
 
     def __init__(self):
-        self._arrays: queue.SimpleQueue = queue.SimpleQueue()
+        self._held: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def hold(self, array: Any) -> None:
+    def hold(self, result: Any, inputs: tuple) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._wait, name="pallas_pinned-hold", daemon=True
                 )
                 self._thread.start()
-        self._arrays.put(array)
+        self._held.put((result, inputs))
 
     def _wait(self) -> None:
         while True:
-            array = self._arrays.get()
+            result, inputs = self._held.get()
             try:
-                array.block_until_ready()
+                jax.block_until_ready(result)
             except Exception:  # noqa: BLE001 - deleted (donated on), or failed: the caller's to see.
                 pass
-            del array
+            del result, inputs
 
 
 _HOLDER = _Holder()
 
 
-def hold_until_computed(result: Any) -> Any:
-    """``result``, kept alive by the library until its computation has finished.
+def hold_until_computed(result: Any, *inputs: Any) -> Any:
+    """``result``, and the call's ``inputs``, kept alive by the library until it is computed.
 
-    jax 0.11.2 frees a pinned_host array dropped while the computation writing it still runs,
-    and the next pinned_host array can get that memory at once: its contents, copied in by the
-    CPU, are then overwritten by the late write (docs/lab/freed_result_race_probe.py, an H100:
-    a donating jit of ``x.at[i].add(u)`` whose result was dropped changed the next array in
-    100 of 100 trials, our eager write queued behind 20 ms of device work in 100 of 100; the
-    same writes with their results kept, in none). An eager write hands its result here, so
-    that a caller who drops it loses only that result, not a later array.
+    jax 0.11.2 frees a pinned_host array dropped while a computation still writes or reads
+    it, and the next pinned_host array can get that memory at once, copied in by the CPU. On
+    an H100 (docs/lab/freed_result_race_probe.py, freed_input_race_probe.py; calls queued
+    behind 20 ms of device work): an eager add whose result was dropped changed the next array
+    in 100 of 100 trials (as did plain JAX's donating jit of ``x.at[i].add(u)`` run at once);
+    a gather whose buffer was dropped returned rows of the next array in 98 of 100, an add
+    whose pinned updates were dropped wrote the next array's values in 100 of 100. Each eager
+    call hands its result and inputs here, so that a caller who drops one loses only that.
     """
-    _HOLDER.hold(result)
+    _HOLDER.hold(result, inputs)
     return result
 
 

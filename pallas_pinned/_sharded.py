@@ -202,6 +202,7 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
     if op != "set":
         _validation.check_offsets(backend, "updates", (plan.num_entries, plan.width), x.dtype)
     traced = not _placement.is_concrete(x)
+    given = (operands, updates)  # Placing them reads them too (held below).
     operands = tuple(_place(name, a, layout, traced)
                      for name, a in _validation.named_operands(index, operands))
     updates = _place("updates", updates, layout, traced)
@@ -215,9 +216,8 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
     if plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write: the buffer stays as it is, not consumed.
     donate = _local_write.may_donate(operands, updates)
-    return _placement.hold_until_computed(
-        eager_write(x.sharding, donate)(x, operands, updates, cfg)
-    )
+    written = eager_write(x.sharding, donate)(x, operands, updates, cfg)
+    return _placement.hold_until_computed(written, x, operands, updates, given)
 
 
 def scatter(x, index, updates, **settings):
@@ -246,6 +246,7 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
     _validation.check_offsets(backend, "a shard", shard_view, x.dtype)
     _validation.check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)
     traced = not _placement.is_concrete(x)
+    given = operands  # Placing them reads them too (held below).
     operands = tuple(_place(name, a, layout, traced)
                      for name, a in _validation.named_operands(index, operands))
     call = _local_read.ReadCall.of(
@@ -262,4 +263,4 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
         value = np.asarray(lax.full((), call.fill_value(x.dtype), x.dtype))
         out = np.full(out_shape, value if x.size == 0 else 0, jnp.dtype(x.dtype))
         return jax.device_put(out, NamedSharding(layout.mesh, P()))
-    return gather_jit(x, operands, cfg)
+    return _placement.hold_until_computed(gather_jit(x, operands, cfg), x, operands, given)

@@ -1,13 +1,15 @@
-"""An eager write's result dropped at once cannot free memory its kernel still writes.
+"""An eager call's result or pinned input, dropped at once, cannot free memory it still uses.
 
-jax 0.11.2 frees a pinned_host array dropped while the computation writing it runs, and
-the next pinned_host array may get that memory: the late write then lands in the new array
-(docs/lab/freed_result_race_probe.py). The eager writes hand their result to
-``_placement.hold_until_computed``, whose thread keeps it until it is computed.
+jax 0.11.2 frees a pinned_host array dropped while a computation still writes or reads it,
+and the next pinned_host array may get that memory: a late write lands in the new array, a
+late read returns its values (docs/lab/freed_result_race_probe.py, freed_input_race_probe.py).
+The eager calls hand their result and inputs to ``_placement.hold_until_computed``, whose
+thread keeps them until the result is computed.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import time
@@ -49,28 +51,28 @@ def _gone(ref: weakref.ref, timeout: float = 5.0) -> bool:
     return False
 
 
-def test_the_holder_keeps_an_array_until_it_is_computed():
+def test_the_holder_keeps_a_result_and_its_inputs_until_the_result_is_computed():
     holder = _placement._Holder()
-    array = _Pending()
-    done, ref = array.done, weakref.ref(array)
-    holder.hold(array)
-    del array
+    result, pinned_input = _Pending(), _Pending()
+    done, refs = result.done, (weakref.ref(result), weakref.ref(pinned_input))
+    holder.hold(result, (pinned_input,))
+    del result, pinned_input
     time.sleep(0.05)
     gc.collect()
-    assert ref() is not None, "released before its computation finished"
+    assert all(ref() is not None for ref in refs), "released before the result was computed"
     done.set()
-    assert _gone(ref), "still held after its computation finished"
+    assert all(_gone(ref) for ref in refs), "still held after the result was computed"
 
 
-def test_the_holder_goes_on_after_an_array_that_raises():
+def test_the_holder_goes_on_after_a_result_that_raises():
     # A result donated on to a later call is deleted, and waiting on it raises; so does one
-    # whose computation failed. The holder must keep serving the arrays after it.
+    # whose computation failed. The holder must keep serving the results after it.
     holder = _placement._Holder()
     failed, later = _Pending(RuntimeError("Array has been deleted")), _Pending()
     failed.done.set()
     ref = weakref.ref(later)
-    holder.hold(failed)
-    holder.hold(later)
+    holder.hold(failed, ())
+    holder.hold(later, ())
     later.done.set()
     del failed, later
     assert _gone(ref)
@@ -81,44 +83,75 @@ def _sharded_put(x0):
     return jax.device_put(x0, NamedSharding(mesh, P("rows"), memory_kind="pinned_host"))
 
 
-WRITES = {
-    "set": lambda x: pp.scatter_to_host(x, jnp.array([1, 3]), jnp.ones((2, 3), jnp.float32)),
-    "add": lambda x: pp.scatter_add_to_host(x, jnp.array([1, 1]), 2.0),
-    "at max of a block": lambda x: pp.at(x)[2:4].max(7.0),
+UPDATES = np.ones((2, 3), np.float32)
+CALLS = {  # name: (call, whether it writes)
+    "set": (lambda x, i, u: pp.scatter_to_host(x, i, u), True),
+    "add": (lambda x, i, u: pp.scatter_add_to_host(x, i, u), True),
+    "at max": (lambda x, i, u: pp.at(x)[i].max(u), True),
+    "gather": (lambda x, i, u: pp.gather_from_host(x, i), False),
 }
 
 
 @pytest.mark.parametrize("placement", ["one device", "sharded"])
-@pytest.mark.parametrize("name", sorted(WRITES))
-def test_an_eager_write_hands_its_result_to_the_holder(monkeypatch, name, placement):
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_an_eager_call_hands_its_result_and_inputs_to_the_holder(monkeypatch, name, placement):
     held = []
-    monkeypatch.setattr(_placement._HOLDER, "hold", held.append)
+    monkeypatch.setattr(_placement._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
+    call, writes = CALLS[name]
     x0 = np.arange(24, dtype=np.float32).reshape(8, 3)
     x = put(x0) if placement == "one device" else _sharded_put(x0)
-    out = WRITES[name](x)
-    assert len(held) == 1 and held[0] is out
+    idx, upd = put(np.array([1, 3], np.int32)), put(UPDATES)  # Pinned inputs.
+    out = call(x, idx, upd)
+    assert len(held) == 1 and held[0][0] is out
+    kept = jax.tree.leaves(held[0][1])
+    assert any(a is x for a in kept) and any(a is idx for a in kept)
+    assert any(a is upd for a in kept) == writes
     held.clear()
-    jax.jit(WRITES[name])(put(x0) if placement == "one device" else _sharded_put(x0))
-    assert not held, "under jit the caller's own jit owns the result"
-    empty = pp.scatter_to_host(out, jnp.zeros((0,), jnp.int32), 1.0)
-    assert empty is out and not held, "a write of nothing returns x and dispatches nothing"
+    jax.jit(call)(put(x0) if placement == "one device" else _sharded_put(x0), idx, upd)
+    assert not held, "under jit the caller's own jit owns its arrays"
+    if writes:
+        empty = pp.scatter_to_host(out, jnp.zeros((0,), jnp.int32), 1.0)
+        assert empty is out and not held, "a write of nothing returns x and dispatches nothing"
 
 
-@pytest.mark.gpu
-def test_a_dropped_late_write_leaves_the_next_pinned_array_alone():
-    # The probe's case: a write queued behind ~20 ms of device work, its result dropped at
-    # once, then a new pinned array copied in by the CPU. Without the holder, 100 of 100
-    # such trials changed the new array on an H100 (2026-12-06).
-    rows, width = 1 << 14, 256
+def test_sort_indices_holds_indices_it_may_read_from_host_memory(monkeypatch):
+    held = []
+    monkeypatch.setattr(_placement._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
+    ids = put(np.array([5, 1, 5, 0], np.int32))
+    ordered = pp.sort_indices(ids, 8)
+    assert len(held) == 1 and held[0][0] is ordered and held[0][1] == (ids,)
+
+
+def _late(rows, width):
+    """``(delay, idx)``: a call that queues ~20 ms of matmuls on the device, and all rows."""
     idx = jnp.asarray(np.random.default_rng(0).permutation(rows).astype(np.int32))
-    upd = jnp.ones((rows, width), jnp.float32)
-    source = np.full((rows, width), 5.0, np.float32)
     square = jnp.ones((4096, 4096), jnp.float32)
     busy = jax.jit(lambda a: jax.lax.fori_loop(0, 40, lambda _, b: b @ a / 4096.0, a))
     jax.block_until_ready(busy(square))
+    return functools.partial(busy, square), idx
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dropped", ["add's result", "gather's buffer", "add's pinned updates"])
+def test_a_late_call_with_a_dropped_array_leaves_the_next_pinned_array_alone(dropped):
+    # The probes' cases: a call queued behind ~20 ms of device work, one of its pinned arrays
+    # dropped at once, then a new pinned array (fives) copied in by the CPU. Without the
+    # holder, 98-100 of 100 such trials went wrong on an H100 (2026-12-06).
+    rows, width = 1 << 14, 256
+    delay, idx = _late(rows, width)
+    threes, fives = (np.full((rows, width), v, np.float32) for v in (3.0, 5.0))
     for _ in range(10):
-        busy(square)
-        pp.scatter_add_to_host(put(np.zeros((rows, width), np.float32)), idx, upd)
-        fresh = put(source)
-        jax.block_until_ready(busy(square))  # The dropped write has run by now.
-        np.testing.assert_array_equal(np.asarray(fresh), source)
+        delay()
+        if dropped == "add's result":
+            pp.scatter_add_to_host(put(np.zeros((rows, width), np.float32)), idx, 3.0)
+            result = None
+        elif dropped == "gather's buffer":
+            result = pp.gather_from_host(put(threes), idx)
+        else:
+            result = pp.scatter_add_to_host(put(np.zeros((rows, width), np.float32)), idx,
+                                            put(threes))
+        fresh = put(fives)
+        jax.block_until_ready((result, fresh, delay()))  # The call has run by now.
+        np.testing.assert_array_equal(np.asarray(fresh), fives)
+        if result is not None:
+            np.testing.assert_array_equal(np.asarray(result), threes)
