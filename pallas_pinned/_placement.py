@@ -16,6 +16,7 @@ Tracers carry only their type, which is all a trace can know.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from typing import Any
@@ -73,30 +74,51 @@ def wait_for_inputs(*args: Any) -> None:
 
 
 class _Holder:
-    """One daemon thread that keeps what it is given until a result is computed."""
+    """One thread that keeps what it is given until a result is computed.
+
+    A daemon, so that it never holds up an exit; and stopped at exit (``atexit``) once its
+    results are computed, because Python ends a daemon thread caught inside a C++ wait by
+    unwinding it, and that aborts the process ("FATAL: exception not rethrown").
+    """
 
     def __init__(self):
         self._held: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._closed = False
+        atexit.register(self.close)
 
     def hold(self, result: Any, inputs: tuple) -> None:
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._wait, name="pallas_pinned-hold", daemon=True
-                )
-                self._thread.start()
-        self._held.put((result, inputs))
+            if not self._closed:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._wait, name="pallas_pinned-hold", daemon=True
+                    )
+                    self._thread.start()
+                self._held.put((result, inputs))
+                return
+        _computed(result)  # At exit: wait here.
+
+    def close(self) -> None:
+        """Lets the thread finish the results it holds, then stops it."""
+        with self._lock:
+            self._closed, thread = True, self._thread
+        if thread is not None and thread.is_alive():
+            self._held.put(None)
+            thread.join()
 
     def _wait(self) -> None:
-        while True:
-            result, inputs = self._held.get()
-            try:
-                jax.block_until_ready(result)
-            except Exception:  # noqa: BLE001 - deleted (donated on), or failed: the caller's to see.
-                pass
-            del result, inputs
+        while (item := self._held.get()) is not None:
+            _computed(item[0])
+            del item
+
+
+def _computed(result: Any) -> None:
+    try:
+        jax.block_until_ready(result)
+    except Exception:  # noqa: BLE001 - deleted (donated on), or failed: the caller's to see.
+        pass
 
 
 _HOLDER = _Holder()
