@@ -109,16 +109,23 @@ class _Holder:
             thread.join()
 
     def _wait(self) -> None:
+        carried = []  # Arrays of results donated on before they were computed.
         while (item := self._held.get()) is not None:
-            _computed(item[0])
+            if _computed(item[0]):
+                carried.clear()  # Dispatched after them: theirs have run too.
+            else:
+                carried.append(item)  # Deleted or failed: kept until a later result is.
             del item
+        carried.clear()
 
 
-def _computed(result: Any) -> None:
+def _computed(result: Any) -> bool:
+    """Waits for ``result``; False where it cannot tell (deleted, or failed)."""
     try:
         jax.block_until_ready(result)
     except Exception:  # noqa: BLE001 - deleted (donated on), or failed: the caller's to see.
-        pass
+        return False
+    return True
 
 
 _HOLDER = _Holder()
@@ -136,7 +143,10 @@ def hold_until_computed(result: Any, *inputs: Any) -> Any:
     whose pinned updates were dropped wrote the next array's values in 100 of 100. Each eager
     call hands its result and inputs here, so that a caller who drops one loses only that.
     """
-    _HOLDER.hold(result, inputs)
+    # Tracers (an eager vmap or grad around the call) belong to their trace: never held.
+    results = [a for a in jax.tree.leaves(result) if is_concrete(a)]
+    if results:
+        _HOLDER.hold(results, tuple(a for a in jax.tree.leaves(inputs) if is_concrete(a)))
     return result
 
 

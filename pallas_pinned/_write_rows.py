@@ -182,6 +182,10 @@ def _kernel_set(launch, x2d, rows, updates2d, cfg: RowWrite):
     return launch.set(x2d, rows, src, updates2d, check_bounds=check_bounds)
 
 
+# distinct_adds_by_runs serves rows of at least this many bytes: the rows it was measured on.
+_RUNS_MIN_ROW_BYTES = 256
+
+
 def _stable_order(launch, rows, thresholds):
     if launch.order is not None and rows.shape[0] <= thresholds.order_kernel_max:
         return launch.order(rows)  # One launch instead of about five (tuning says).
@@ -219,20 +223,18 @@ def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
         # skip markers it leaves behind must always be masked.
         rows, updates2d = _combined(x2d, rows, updates2d, cfg, presorted=cfg.ascending)
         check_bounds = True
-    else:
-        ascending = cfg.ascending
-        if (
-            cfg.thresholds.coalesce
-            and not ascending
-            and rows.shape[0] >= cfg.thresholds.sort_min_adds
-        ):
-            # Distinct rows: sort only for address locality.
-            rows, src = lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1)
-            ascending = True
-        if (ascending and not atomic and launch.add_sorted is not None
+    elif (
+        cfg.thresholds.coalesce
+        and not cfg.ascending
+        and rows.shape[0] >= cfg.thresholds.sort_min_adds
+    ):
+        # Distinct rows: sort only for address locality.
+        rows, src = lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1)
+        if (not atomic and launch.add_sorted is not None
+                and x2d.shape[1] * x2d.dtype.itemsize >= _RUNS_MIN_ROW_BYTES
                 and cfg.thresholds.distinct_adds_by_runs):
-            # Ascending distinct rows are runs of one entry each; where the owners read
-            # their rows, the runs kernel is faster (tuning says where it was measured).
+            # Sorted distinct rows are runs of one entry each; where the owners read their
+            # rows, the runs kernel was measured faster (tuning says where).
             return launch.add_sorted(x2d, rows, src, updates2d, acc_dtype=acc, **atomic)
     return launch.add(
         x2d, rows, src, updates2d, acc_dtype=acc, check_bounds=check_bounds, **atomic

@@ -148,11 +148,13 @@ class Thresholds:
     # 168.0; the sparse client (Zipf) 70.1 / 71.2. Rows with a zero, tiny or
     # non-finite total keep the read and store (kernels/owner_write.py).
     atomic_add_from: int = 1024
-    # scatter_add_to_host (Pallas): an add of rows known distinct that run in ascending order
-    # (sorted for locality, from sort_min_adds updates, or promised sorted), and whose owners
+    # scatter_add_to_host (Pallas): an add of rows known distinct that it sorts for locality
+    # (from sort_min_adds updates), of rows of 256 B or more (_write_rows), and whose owners
     # read their rows (no atomic owner write: see atomic_add_from), is summed by the
-    # sorted-runs kernel, each row a run of one, instead of the plain add kernel. Both give the
-    # same bits; they differ in tiling (the runs kernel puts 8-64 entries in a program where
+    # sorted-runs kernel, each row a run of one, instead of the plain add kernel: what was
+    # measured (bfloat16 and float32 rows of 256 B and 1 KiB, 16384 updates); rows promised
+    # sorted, narrower rows and other dtypes keep the plain kernel, unmeasured. Both give the
+    # same bits; they differ in tiling (the runs kernel puts 2-64 entries in a program where
     # the plain kernel fills 16 KiB tiles) and in when the buffer's rows are read. Measured
     # first: the H100 grid of 2026-12-06 08:53 UTC (benchmarks/results/
     # loop_bf16_quick_graphs_h100_1206_0853.json) added 16384 x 256 B bfloat16 rows promised

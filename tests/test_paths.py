@@ -151,25 +151,28 @@ DISTINCT_ASCENDING = {
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("order", sorted(DISTINCT_ASCENDING))
-@pytest.mark.parametrize("mode", [None, "promise_in_bounds"])
-@pytest.mark.parametrize(("dtype", "atomic_from"),
-                         [(np.float32, 10**9), (np.float32, 0), (jnp.bfloat16, 10**9)])
+@pytest.mark.parametrize("mode", [None, "fill", "promise_in_bounds"])
+@pytest.mark.parametrize(("dtype", "width", "atomic_from"),
+                         [(np.float32, 64, 10**9), (np.float32, 64, 0), (jnp.bfloat16, 128, 10**9),
+                          (np.float32, 3, 10**9)])
 def test_distinct_adds_give_the_same_bits_by_runs_as_by_the_add_kernel(
-        request, backend, order, mode, dtype, atomic_from):
+        request, backend, order, mode, dtype, width, atomic_from):
     # tuning.distinct_adds_by_runs: the sorted-runs kernel (runs of one entry) or the plain
-    # add kernel, which the atomic owner write keeps; the jaxpr says which ran.
+    # add kernel. The runs kernel serves rows it sorted itself, of 256 B or more, without the
+    # atomic owner write; the jaxpr says which ran.
     rng = _rng(request)
-    rows, n, width = 300, 150, 3
+    rows, n = 300, 150
     x0 = rng.standard_normal((rows, width)).astype(dtype)
     idx = rng.permutation(rows)[:n].astype(np.int32)
     idx[::3] -= rows  # Negatives name the same distinct rows.
-    if mode is None:
+    if mode != "promise_in_bounds":
         idx[1::7] = rows + 7 * np.arange(idx[1::7].size)  # Dropped, distinct too.
     promised_sorted = order == "promised sorted"
     if promised_sorted:
         idx = idx[np.argsort(np.where(idx < 0, idx + rows, idx), kind="stable")]
     upd = rng.standard_normal((n, width)).astype(dtype)
-
+    runs_serve = (order == "sorted for locality" and atomic_from != 0
+                  and width * np.dtype(dtype).itemsize >= 256)
     results = []
     for by_runs in (False, True):
         def add(x, i, u):  # A new function per arm: make_jaxpr caches by function.
@@ -180,11 +183,10 @@ def test_distinct_adds_give_the_same_bits_by_runs_as_by_the_add_kernel(
                              distinct_adds_by_runs=by_runs, **DISTINCT_ASCENDING[order]):
             args = (_host(x0), jnp.asarray(idx), jnp.asarray(upd))
             ran_runs = "scatter_add_sorted_runs" in str(jax.make_jaxpr(add)(*args))
-            atomic = dtype == np.float32 and atomic_from == 0  # Keeps the plain kernel.
-            assert ran_runs == (by_runs and not atomic), f"distinct_adds_by_runs={by_runs}"
+            assert ran_runs == (by_runs and runs_serve), f"distinct_adds_by_runs={by_runs}"
             results.append(np.asarray(add(*args)))
     assert_same(results[0], results[1], what="runs kernel vs add kernel")
-    assert_same(results[1], scatter_add_oracle(x0, idx, upd, mode))
+    assert_same(results[1], scatter_add_oracle(x0, idx, upd, "drop" if mode == "fill" else mode))
 
 
 def test_fused_path_duplicate_search_spans_many_chunks(request):
