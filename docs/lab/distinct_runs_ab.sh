@@ -35,8 +35,11 @@
 # are from the call's output): promised distinct, A1 B1 A2 B2 A3 B3, 498.1, 502.5, 503.4,
 # 510.0, 502.0, 510.1 (A mean 501.2, B mean 507.5: +1.27 %). The rule failed, so the switch
 # now skips the atomic owner write (float32 adds of 1024 updates or more). The control drifted
-# alike: 500.6, 501.7, 506.1, 508.2, 498.9, 515.1 (+1.27 % too), so the rule probably measured
+# alike: 500.6, 501.7, 506.1, 508.2, 498.9, 515.1 (+1.29 %), so the rule probably measured
 # drift; float32 at 256 B was not measured again (device time), so its 14 us are not taken.
+# Scope after a review (session 31): the committed switch serves only what was measured, rows
+# the add sorts itself, of 256 B or more; rows promised sorted and narrower rows keep the
+# plain kernel.
 #
 # Run (from the repository root, jax-triton as a wheel in .whl/): OUT=... bash docs/lab/distinct_runs_ab.sh
 set -uo pipefail

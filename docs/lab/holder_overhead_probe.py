@@ -1,0 +1,42 @@
+"""Lab probe (session 31): what the eager calls' holder costs an eager write, on this machine.
+
+A blocked one-shot ``scatter_to_host`` of 5 rows into a 1 MiB pinned buffer, the median of
+1000 calls, with the holder as shipped and with its ``hold`` replaced by a no-op, three
+times each, interleaved. On the project's CPU machine (2 cores, jax 0.12.0.1, 2026-12-06):
+holder 83.2 / 80.3 / 79.5 us, no-op 44.1 / 44.2 / 43.9 us. Not measured on a GPU.
+
+    python docs/lab/holder_overhead_probe.py
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_pinned as pp
+from pallas_pinned import _placement
+
+pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
+x = jax.device_put(np.zeros((4096, 64), np.float32), pinned)
+idx, u = jnp.array([1, 5, 9, 13, 17], jnp.int32), jnp.ones((5, 64), jnp.float32)
+
+
+def median_us(n: int) -> float:
+    global x
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        x = pp.scatter_to_host(x, idx, u)
+        x.block_until_ready()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e6
+
+
+median_us(100)
+shipped = _placement._HOLDER.hold
+for _ in range(3):
+    _placement._HOLDER.hold = shipped
+    held = median_us(1000)
+    _placement._HOLDER.hold = lambda result, inputs: None
+    print(f"blocked one-shot median: holder {held:.1f} us, no-op {median_us(1000):.1f} us")
