@@ -101,8 +101,6 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
         # type stays out of range (jax would truncate it onto a real row).
         indices = _rows.widen(_rows.without_sub_byte(indices))
     ordered = _sort(indices, int(num_rows), mode, tuning.current().runs_rank_max)
-    if not _placement.is_concrete(indices):
-        return ordered
     return _placement.hold_until_computed(ordered, indices)  # Indices may be pinned.
 
 

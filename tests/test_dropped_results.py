@@ -196,6 +196,7 @@ def test_tracers_are_never_held(monkeypatch):
     zeros = put(np.zeros((8, 3), np.float32))
     jax.grad(lambda u: (pp.scatter_add_to_host(zeros, jnp.array([1]), u), u.sum())[1])(
         jnp.ones((1, 3), jnp.float32))
+    jax.jit(lambda i: pp.sort_indices(i, 8))(jnp.array([5, 1, 5, 0]))
     leaves = jax.tree.leaves(held)
     assert not any(isinstance(a, jax.core.Tracer) for a in leaves), held
 
