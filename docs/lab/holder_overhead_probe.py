@@ -3,7 +3,10 @@
 A blocked one-shot ``scatter_to_host`` of 5 rows into a 1 MiB pinned buffer, the median of
 1000 calls, with the holder as shipped and with its ``hold`` replaced by a no-op, three
 times each, interleaved. On the project's CPU machine (2 cores, jax 0.12.0.1, 2026-12-06):
-holder 83.2 / 80.3 / 79.5 us, no-op 44.1 / 44.2 / 43.9 us. Not measured on a GPU.
+holder 83.2 / 80.3 / 79.5 us, no-op 44.1 / 44.2 / 43.9 us (tree before 10d6dd8); at 5863c0f,
+two runs at 11:51 UTC (the log beside this file): holder 150.3 / 142.2 / 117.6 and
+156.8 / 82.1 / 113.4 us, no-op 44.2-48.1 us. The holder's cost moves from run to run, about
+35-110 us a call; its thread's wake-up and the GIL, not a copy. Not measured on a GPU.
 
     python docs/lab/holder_overhead_probe.py
 """
