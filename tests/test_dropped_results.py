@@ -3,8 +3,8 @@
 jax 0.11.2 frees a pinned_host array dropped while a computation still writes or reads it,
 and the next pinned_host array may get that memory: a late write lands in the new array, a
 late read returns its values (docs/lab/freed_result_race_probe.py, freed_input_race_probe.py).
-The eager calls hand their result and inputs to ``_placement.hold_until_computed``, whose
-thread keeps them until the result is computed.
+The eager calls hand their result and inputs to ``_placement.hold_until_computed``, which
+keeps them until the result is computed.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ class _Pending:
     def __init__(self, error: Exception | None = None):
         self.done = threading.Event()
         self.error = error
+
+    def is_ready(self):
+        return self.done.is_set()
 
     def block_until_ready(self):
         self.done.wait(10)
@@ -99,6 +102,43 @@ def test_the_holder_goes_on_after_a_result_that_raises():
     later.done.set()
     del failed, later
     assert _gone(ref)
+
+
+def test_a_call_drops_what_is_computed_before_it_without_the_thread():
+    # The caller releases the computed front itself: the thread, here polling once a
+    # minute, is not what keeps an eager loop's memory bounded.
+    holder = _placement._Holder(poll_s=60)
+    first, second = _Pending(), _Pending()
+    ref = weakref.ref(first)
+    holder.hold(first, ())
+    time.sleep(0.05)  # The thread has looked once, and sleeps.
+    first.done.set()
+    del first
+    holder.hold(second, ())
+    gc.collect()
+    assert ref() is None, "a computed result outlived the next call"
+    second.done.set()
+    holder.close()
+
+
+def test_the_holder_thread_sleeps_while_nothing_is_held():
+    holder = _placement._Holder()
+    pending = _Pending()
+    holder.hold(pending, ())
+    assert holder._wake.is_set()
+    pending.done.set()
+    deadline = time.monotonic() + 5
+    while holder._wake.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not holder._wake.is_set(), "still polling with nothing held"
+    assert holder._thread.is_alive()
+    later = _Pending()
+    ref = weakref.ref(later)
+    holder.hold(later, ())  # Wakes it again.
+    later.done.set()
+    del later
+    assert _gone(ref)
+    holder.close()
 
 
 _ENDS_AFTER_EAGER_CALLS = """

@@ -5,8 +5,11 @@ A blocked one-shot ``scatter_to_host`` of 5 rows into a 1 MiB pinned buffer, the
 times each, interleaved. On the project's CPU machine (2 cores, jax 0.12.0.1, 2026-12-06):
 holder 83.2 / 80.3 / 79.5 us, no-op 44.1 / 44.2 / 43.9 us (tree before 10d6dd8); at 5863c0f,
 two runs at 11:51 UTC (the log beside this file): holder 150.3 / 142.2 / 117.6 and
-156.8 / 82.1 / 113.4 us, no-op 44.2-48.1 us. The holder's cost moves from run to run, about
-35-110 us a call; its thread's wake-up and the GIL, not a copy. Not measured on a GPU.
+156.8 / 82.1 / 113.4 us, no-op 44.2-48.1 us. That holder's cost moved from run to run, about
+35-110 us a call: its thread's wake-up on every call and the GIL, not a copy. Session 32's
+holder (each call drops the computed front; the thread polls every 2 ms and sleeps only after
+a quiet interval), two runs at 12:20 UTC: holder 55.6 / 55.7 / 54.2 and 53.9 / 57.6 / 55.8 us,
+no-op 44.9-49.2 us (log beside this file); before the log, 50.4-61.0 against 42.1-45.8.
 
     python docs/lab/holder_overhead_probe.py
 """
