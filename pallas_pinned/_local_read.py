@@ -23,7 +23,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_pinned import _block, _host_xla, _placement, _registry, _rows, _validation, tuning
+from pallas_pinned import (
+    _block,
+    _holder,
+    _host_xla,
+    _placement,
+    _registry,
+    _rows,
+    _validation,
+    tuning,
+)
 from pallas_pinned._index import IndexPlan
 from pallas_pinned.kernels.row_layout import offsets_fit
 from pallas_pinned.reference import gather_rows_reference
@@ -70,7 +79,7 @@ def read(x, operands, call: ReadCall):
     if not _placement.is_concrete(x):
         return _read_jit(x, operands, call)
     x = _placement.fix_memory_space(x)  # Traces must see where x really is.
-    return _placement.hold_until_computed(_read_jit(x, operands, call), x, operands)
+    return _holder.hold_until_computed(_read_jit(x, operands, call), x, operands)
 
 
 @functools.partial(jax.jit, static_argnames=("call",))

@@ -28,7 +28,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from pallas_pinned import _block, _placement, _registry, _rows, _write_rows, tuning
+from pallas_pinned import _block, _holder, _placement, _registry, _rows, _write_rows, tuning
 from pallas_pinned._index import IndexPlan
 from pallas_pinned.reference import gather_rows_reference
 
@@ -397,4 +397,4 @@ def write(x, operands, updates, call: WriteCall):
         return x  # Nothing to write; the buffer stays as it is.
     x = _placement.fix_memory_space(x)
     written = _jitted(x.sharding, may_donate(operands, updates))(x, operands, updates, call)
-    return _placement.hold_until_computed(written, x, operands, updates)  # (See there why.)
+    return _holder.hold_until_computed(written, x, operands, updates)  # (See there why.)

@@ -16,9 +16,6 @@ Tracers carry only their type, which is all a trace can know.
 
 from __future__ import annotations
 
-import atexit
-import collections
-import threading
 from typing import Any
 
 import jax
@@ -29,7 +26,6 @@ from jax import lax
 __all__ = [
     "fix_memory_space",
     "gathered",
-    "hold_until_computed",
     "is_concrete",
     "on_each_copy",
     "on_host",
@@ -71,153 +67,6 @@ def wait_for_inputs(*args: Any) -> None:
         error.add_note("pallas_pinned: an index or updates array of this write failed to "
                        "compute; nothing was written and x was not consumed")
         raise
-
-
-class _Holder:
-    """Keeps what it is given until a result given with it, or after it, is computed.
-
-    The caller appends, and drops what is already computed at the front: an eager call must
-    stay cheap. (A thread woken on every call, as before, cost a blocked 5-row set 35-110 us
-    on CPU: docs/lab/holder_overhead_probe.py.) A daemon thread looks at what is left every
-    ``poll_s`` while anything is held, so that a dropped result's memory comes back soon
-    after it is computed even when no call follows; while nothing is, it sleeps on an event.
-    It is stopped at exit (``atexit``) once its results are computed, because Python ends a
-    daemon thread caught inside a C++ wait by unwinding it, and that aborts the process
-    ("FATAL: exception not rethrown").
-    """
-
-    def __init__(self, poll_s: float = 0.002):
-        self._held: collections.deque = collections.deque()  # (result, inputs), in order.
-        self._front = threading.Lock()  # Drops from the front, by the caller or the thread.
-        self._start = threading.Lock()
-        self._wake = threading.Event()  # Set while anything may be held.
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._holds = 0  # Calls so far: the thread sleeps only after an interval without.
-        self._poll_s = poll_s
-        atexit.register(self.close)
-
-    def hold(self, result: Any, inputs: tuple) -> None:
-        if self._closed:
-            _computed(result)  # At exit: wait here.
-            return
-        self._held.append((result, inputs))
-        self._holds += 1
-        self._drop_computed()
-        if not self._wake.is_set():
-            self._start_or_wake()
-
-    def close(self) -> None:
-        """Lets the thread finish the results it holds, then stops it."""
-        with self._start:
-            self._closed, thread = True, self._thread
-        self._stopping.set()
-        self._wake.set()
-        if thread is not None and thread.is_alive():
-            thread.join()
-        self._wait_for_all()
-
-    def _start_or_wake(self) -> None:
-        with self._start:
-            if self._closed:
-                return
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._poll, name="pallas_pinned-hold", daemon=True
-                )
-                self._thread.start()
-        self._wake.set()
-
-    def _poll(self) -> None:
-        while self._wake.wait() and not self._closed:
-            holds = self._holds
-            self._drop_computed()
-            self._stopping.wait(self._poll_s)
-            if self._held or self._holds != holds:
-                continue  # Idle only after a quiet interval: a wake-up per call costs 40 us.
-            self._wake.clear()
-            if self._held or self._closed:  # Set before the clear: its setter saw it set.
-                self._wake.set()
-        self._wait_for_all()
-
-    def _drop_computed(self) -> None:
-        """Drops the front up to the last result computed.
-
-        A deleted result (donated on to a later call before it was computed) or a failed one
-        tells nothing: its entry stays until a result given after it is computed, as that one
-        has run after it. The states are read outside ``_front``, whose holder must never
-        wait for the GIL (a wait on an array lets it go): the front is dropped only if it is
-        still the entry that was looked at."""
-        held = self._held
-        while held:
-            try:  # The other one may drop what is indexed here: then nothing is dropped.
-                first = last = held[0]
-                state, after = _state(first[0]), 1
-                while state is _UNKNOWN and after < len(held):
-                    last = held[after]
-                    state, after = _state(last[0]), after + 1
-            except IndexError:
-                return
-            if state is not _COMPUTED:
-                return
-            with self._front:
-                if held and held[0] is first:
-                    while held.popleft() is not last:
-                        pass
-
-    def _wait_for_all(self) -> None:
-        """Waits for every result held, then drops them all: a deleted one's inputs go last."""
-        with self._front:
-            entries = list(self._held)
-            self._held.clear()
-        for result, _inputs in entries:
-            _computed(result)
-
-
-_PENDING, _COMPUTED, _UNKNOWN = "pending", "computed", "unknown"
-
-
-def _state(result: Any) -> str:
-    """Whether ``result`` is computed, without waiting; unknown where deleted or failed."""
-    try:
-        if not all(leaf.is_ready() for leaf in jax.tree.leaves(result)):
-            return _PENDING
-        jax.block_until_ready(result)  # Ready: returns, or raises a failed computation's error.
-    except Exception:  # noqa: BLE001 - deleted (donated on), or failed: the caller's to see.
-        return _UNKNOWN
-    return _COMPUTED
-
-
-def _computed(result: Any) -> bool:
-    """Waits for ``result``; False where it cannot tell (deleted, or failed)."""
-    try:
-        jax.block_until_ready(result)
-    except Exception:  # noqa: BLE001 - deleted (donated on), or failed: the caller's to see.
-        return False
-    return True
-
-
-_HOLDER = _Holder()
-
-
-def hold_until_computed(result: Any, *inputs: Any) -> Any:
-    """``result``, and the call's ``inputs``, kept alive by the library until it is computed.
-
-    jax 0.11.2 frees a pinned_host array dropped while a computation still writes or reads
-    it, and the next pinned_host array can get that memory at once, copied in by the CPU. On
-    an H100 (docs/lab/freed_result_race_probe.py, freed_input_race_probe.py; calls queued
-    behind 20 ms of device work): an eager add whose result was dropped changed the next array
-    in 100 of 100 trials (as did plain JAX's donating jit of ``x.at[i].add(u)`` run at once);
-    a gather whose buffer was dropped returned rows of the next array in 98 of 100, an add
-    whose pinned updates were dropped wrote the next array's values in 100 of 100. Each eager
-    call hands its result and inputs here, so that a caller who drops one loses only that.
-    """
-    # Tracers (an eager vmap or grad around the call) belong to their trace: never held.
-    results = [a for a in jax.tree.leaves(result) if is_concrete(a)]
-    if results:
-        _HOLDER.hold(results, tuple(a for a in jax.tree.leaves(inputs) if is_concrete(a)))
-    return result
 
 
 def on_host(a: Any) -> bool:

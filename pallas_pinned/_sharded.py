@@ -38,6 +38,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pallas_pinned import (
+    _holder,
     _index_parse,
     _local_read,
     _local_write,
@@ -217,7 +218,7 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
         return x  # Nothing to write: the buffer stays as it is, not consumed.
     donate = _local_write.may_donate(operands, updates)
     written = eager_write(x.sharding, donate)(x, operands, updates, cfg)
-    return _placement.hold_until_computed(written, x, operands, updates, given)
+    return _holder.hold_until_computed(written, x, operands, updates, given)
 
 
 def scatter(x, index, updates, **settings):
@@ -263,4 +264,4 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
         value = np.asarray(lax.full((), call.fill_value(x.dtype), x.dtype))
         out = np.full(out_shape, value if x.size == 0 else 0, jnp.dtype(x.dtype))
         return jax.device_put(out, NamedSharding(layout.mesh, P()))
-    return _placement.hold_until_computed(gather_jit(x, operands, cfg), x, operands, given)
+    return _holder.hold_until_computed(gather_jit(x, operands, cfg), x, operands, given)

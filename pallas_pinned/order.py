@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned import _index_lists, _placement, _rows, _validation, tuning
+from pallas_pinned import _holder, _index_lists, _placement, _rows, _validation, tuning
 
 __all__ = ["sort_indices"]
 
@@ -101,7 +101,7 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
         # type stays out of range (jax would truncate it onto a real row).
         indices = _rows.widen(_rows.without_sub_byte(indices))
     ordered = _sort(indices, int(num_rows), mode, tuning.current().runs_rank_max)
-    return _placement.hold_until_computed(ordered, indices)  # Indices may be pinned.
+    return _holder.hold_until_computed(ordered, indices)  # Indices may be pinned.
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))

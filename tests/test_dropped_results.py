@@ -3,7 +3,7 @@
 jax 0.11.2 frees a pinned_host array dropped while a computation still writes or reads it,
 and the next pinned_host array may get that memory: a late write lands in the new array, a
 late read returns its values (docs/lab/freed_result_race_probe.py, freed_input_race_probe.py).
-The eager calls hand their result and inputs to ``_placement.hold_until_computed``, which
+The eager calls hand their result and inputs to ``_holder.hold_until_computed``, which
 keeps them until the result is computed.
 """
 
@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pallas_pinned as pp
-from pallas_pinned import _placement
+from pallas_pinned import _holder
 from tests.helpers import put
 
 
@@ -36,8 +36,11 @@ class _Pending:
     def __init__(self, error: Exception | None = None):
         self.done = threading.Event()
         self.error = error
+        self.deleted = False  # Donated on: asked whether it is ready, it raises.
 
     def is_ready(self):
+        if self.deleted:
+            raise RuntimeError("Array has been deleted")
         return self.done.is_set()
 
     def block_until_ready(self):
@@ -58,7 +61,7 @@ def _gone(ref: weakref.ref, timeout: float = 5.0) -> bool:
 
 
 def test_the_holder_keeps_a_result_and_its_inputs_until_the_result_is_computed():
-    holder = _placement._Holder()
+    holder = _holder._Holder()
     result, pinned_input = _Pending(), _Pending()
     done, refs = result.done, (weakref.ref(result), weakref.ref(pinned_input))
     holder.hold(result, (pinned_input,))
@@ -74,7 +77,7 @@ def test_a_result_donated_on_keeps_its_inputs_until_a_later_result_is_computed()
     # In an eager loop x = write(x, ...), the next call donates a result before the holder
     # reaches it: waiting on it then raises, though its computation may still be queued.
     # Its inputs stay held until a result dispatched after it is computed.
-    holder = _placement._Holder()
+    holder = _holder._Holder()
     donated, pinned_input, later = _Pending(RuntimeError("Array has been deleted")), \
         _Pending(), _Pending()
     donated.done.set()
@@ -93,7 +96,7 @@ def test_a_result_donated_on_keeps_its_inputs_until_a_later_result_is_computed()
 def test_the_holder_goes_on_after_a_result_that_raises():
     # A result donated on to a later call is deleted, and waiting on it raises; so does one
     # whose computation failed. The holder must keep serving the results after it.
-    holder = _placement._Holder()
+    holder = _holder._Holder()
     failed, later = _Pending(RuntimeError("Array has been deleted")), _Pending()
     failed.done.set()
     ref = weakref.ref(later)
@@ -107,7 +110,7 @@ def test_the_holder_goes_on_after_a_result_that_raises():
 def test_a_call_drops_what_is_computed_before_it_without_the_thread():
     # The caller releases the computed front itself: the thread, here polling once a
     # minute, is not what keeps an eager loop's memory bounded.
-    holder = _placement._Holder(poll_s=60)
+    holder = _holder._Holder(poll_s=60)
     first, second = _Pending(), _Pending()
     ref = weakref.ref(first)
     holder.hold(first, ())
@@ -122,7 +125,7 @@ def test_a_call_drops_what_is_computed_before_it_without_the_thread():
 
 
 def test_the_holder_thread_sleeps_while_nothing_is_held():
-    holder = _placement._Holder()
+    holder = _holder._Holder()
     pending = _Pending()
     holder.hold(pending, ())
     assert holder._wake.is_set()
@@ -138,6 +141,30 @@ def test_the_holder_thread_sleeps_while_nothing_is_held():
     later.done.set()
     del later
     assert _gone(ref)
+    holder.close()
+
+
+def test_an_eager_loop_of_donated_results_does_not_pile_up():
+    # In x = write(x, ...) every result is donated on to the next call, mostly before it is
+    # computed, and then tells nothing. The thread waits for the newest result while it is
+    # not yet donated; computed, it frees every entry before it, though donated by then.
+    holder = _holder._Holder(poll_s=60)
+    first = _Pending()
+    first.done.set()
+    holder.hold(first, ())
+    time.sleep(0.05)  # The thread has looked once, and pauses for a minute unless nudged.
+    donated = [_Pending(RuntimeError("Array has been deleted")) for _ in range(20)]
+    for result in donated:
+        result.deleted = True
+        holder.hold(result, (_Pending(),))
+    newest = _Pending()
+    holder.hold(newest, ())  # 21 held: the thread is nudged, and waits for the newest.
+    refs = [weakref.ref(inputs) for _, _, (inputs,) in list(holder._held)[:20]]
+    time.sleep(0.1)
+    newest.deleted = True  # Donated on while the thread waits; then computed.
+    newest.done.set()
+    del donated, newest
+    assert all(_gone(ref) for ref in refs), "entries before a computed result still held"
     holder.close()
 
 
@@ -165,7 +192,7 @@ def test_a_script_that_ends_right_after_eager_calls_exits_cleanly(tmp_path):
 
 
 def test_the_holder_waits_for_its_results_when_closed():
-    holder = _placement._Holder()
+    holder = _holder._Holder()
     pending = _Pending()
     holder.hold(pending, ())
     closing = threading.Thread(target=holder.close)
@@ -199,7 +226,7 @@ CALLS = {  # name: (call, whether it writes)
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_an_eager_call_hands_its_result_and_inputs_to_the_holder(monkeypatch, name, placement):
     held = []
-    monkeypatch.setattr(_placement._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
+    monkeypatch.setattr(_holder._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
     call, writes = CALLS[name]
     x0 = np.arange(24, dtype=np.float32).reshape(8, 3)
     x = put(x0) if placement == "one device" else _sharded_put(x0)
@@ -219,7 +246,7 @@ def test_an_eager_call_hands_its_result_and_inputs_to_the_holder(monkeypatch, na
 
 def test_sort_indices_holds_indices_it_may_read_from_host_memory(monkeypatch):
     held = []
-    monkeypatch.setattr(_placement._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
+    monkeypatch.setattr(_holder._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
     ids = put(np.array([5, 1, 5, 0], np.int32))
     ordered = pp.sort_indices(ids, 8)
     assert len(held) == 1 and held[0][1] == (ids,)
@@ -230,7 +257,7 @@ def test_tracers_are_never_held(monkeypatch):
     # An eager vmap or grad around a call on a concrete buffer: its index or updates, and
     # its result, are tracers of that transformation; held in a thread they would leak.
     held = []
-    monkeypatch.setattr(_placement._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
+    monkeypatch.setattr(_holder._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
     x = put(np.arange(24, dtype=np.float32).reshape(8, 3))
     jax.vmap(lambda i: pp.gather_from_host(x, i))(jnp.array([[1, 2], [3, 4]]))
     zeros = put(np.zeros((8, 3), np.float32))

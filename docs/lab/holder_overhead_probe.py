@@ -9,7 +9,17 @@ two runs at 11:51 UTC (the log beside this file): holder 150.3 / 142.2 / 117.6 a
 35-110 us a call: its thread's wake-up on every call and the GIL, not a copy. Session 32's
 holder (each call drops the computed front; the thread polls every 2 ms and sleeps only after
 a quiet interval), two runs at 12:20 UTC: holder 55.6 / 55.7 / 54.2 and 53.9 / 57.6 / 55.8 us,
-no-op 44.9-49.2 us (log beside this file); before the log, 50.4-61.0 against 42.1-45.8.
+no-op 44.9-49.2 us (holder_overhead_probe_cpu_1206_1220.log); before the log, 50.4-61.0
+against 42.1-45.8.
+
+Second part (session 32): an eager loop ``x = scatter_add_to_host(x, ...)`` of 300 calls that
+never blocks, the most entries the holder held during it and how many it held at the end.
+Every result is donated on to the next call, mostly before it is computed, so that holder
+kept all 300 (and with them every call's arrays) until the loop ended; the thread now waits
+for the newest result when 16 pile up. Prediction: far fewer than 300 held at any time.
+Outcome at 12:31 UTC (holder_overhead_probe_cpu_1206_1231.log): most held 65, 37 at the end;
+the blocked one-shot then took 58.1-60.6 us with the holder, 49.4-54.1 with the no-op. (The
+holder of 12:20, without the wait, held all 500 calls of such a loop in a scratch run.)
 
     python docs/lab/holder_overhead_probe.py
 """
@@ -21,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_pinned as pp
-from pallas_pinned import _placement
+from pallas_pinned import _holder
 
 pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
 x = jax.device_put(np.zeros((4096, 64), np.float32), pinned)
@@ -40,9 +50,21 @@ def median_us(n: int) -> float:
 
 
 median_us(100)
-shipped = _placement._HOLDER.hold
+shipped = _holder._HOLDER.hold
 for _ in range(3):
-    _placement._HOLDER.hold = shipped
+    _holder._HOLDER.hold = shipped
     held = median_us(1000)
-    _placement._HOLDER.hold = lambda result, inputs: None
+    _holder._HOLDER.hold = lambda result, inputs: None
     print(f"blocked one-shot median: holder {held:.1f} us, no-op {median_us(1000):.1f} us")
+
+_holder._HOLDER.hold = shipped
+held_now = _holder._HOLDER._held
+rows = jnp.arange(0, 4096, 7, dtype=jnp.int32)
+ones = jnp.ones((rows.shape[0], 64), jnp.float32)
+x = pp.scatter_add_to_host(x, rows, ones).block_until_ready()
+most, start = 0, time.perf_counter()
+for _ in range(300):
+    x = pp.scatter_add_to_host(x, rows, ones)
+    most = max(most, len(held_now))
+print(f"eager loop of 300 unblocked adds: most held {most}, held at its end {len(held_now)}, "
+      f"{(time.perf_counter() - start) * 1e6 / 300:.1f} us a call")
