@@ -10,63 +10,142 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import itertools
 import threading
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from pallas_pinned._placement import is_concrete
 
 __all__ = ["hold_until_computed"]
 
+_PENDING, _COMPUTED, _UNKNOWN = "pending", "computed", "unknown"
+_PILE = 16  # Entries in a lane at which a call nudges the thread to wait for the newest.
 
-class _Holder:
-    """Keeps what it is given until a result given with it, or after it, is computed.
 
-    The caller appends, and drops what is already computed at the front: an eager call must
-    stay cheap. (A thread woken on every call, as before, cost a blocked 5-row set 35-110 us
-    on CPU: docs/lab/holder_overhead_probe.py.) A daemon thread, while anything is held,
-    waits for the newest result and drops what came before it, then pauses ``poll_s``: in an
-    eager loop ``x = write(x, ...)`` every result is donated on to the next call, mostly
-    before it is computed, and then tells nothing, so the loop's arrays would pile up until
-    it ends. A call that finds ``_PILE`` entries held ends the pause early: the thread then
-    runs when the caller next lets the GIL go (it waits for its inputs before it donates
-    ``x``) and waits for a result not yet donated. The thread sleeps on an event once an
-    interval passes with nothing held and no call. It is stopped at exit (``atexit``) once
-    its results are computed, because Python ends a daemon thread caught inside a C++ wait
-    by unwinding it, and that aborts the process ("FATAL: exception not rethrown").
+class _Lane:
+    """The entries of one thread on one set of devices, in the order they were dispatched.
+
+    A device runs its executions in the order they were dispatched, so a computed result
+    vouches for the entries before it in its lane, and only there: another thread may have
+    dispatched before it and handed its entry over after, another device may be slower.
+    A deleted result (donated on to a later call before it was computed) or a failed one
+    tells nothing, and never will: its entry stays until a result after it is computed, and
+    it is not looked at again (``telling_nothing``). States are read outside ``front``, so
+    that it is held only for moments (reading one lets the GIL go): the front is dropped
+    only if it is still the entry looked at.
     """
 
-    def __init__(self, poll_s: float = 0.002):
-        self._held: collections.deque = collections.deque()  # (number, result, inputs).
+    def __init__(self, devices: frozenset | None):
+        self.held: collections.deque = collections.deque()  # (number, result, inputs).
+        self.front = threading.Lock()  # Drops from the front, by the caller or the thread.
+        self.telling_nothing = 0  # Leading entries known to tell nothing (under front).
+        self.devices = devices
+
+    def drop_computed(self) -> bool:
+        """Drops the front up to the last result computed; True if it dropped any."""
+        held, dropped = self.held, False
+        while held:
+            first, index = None, 0
+            try:  # The other one may drop what is indexed here: then look again.
+                first, index = held[0], self.telling_nothing
+                while (state := _state(held[index][1])) is _UNKNOWN:
+                    index += 1
+            except IndexError:
+                state = None  # Ran out: every entry after the known ones tells nothing.
+            with self.front:
+                if not held or held[0] is not first:
+                    continue
+                if state is not _COMPUTED:
+                    self.telling_nothing = max(self.telling_nothing, index)
+                    return dropped
+                for _ in range(index + 1):
+                    held.popleft()
+                self.telling_nothing, dropped = 0, True
+        return dropped
+
+    def drop_through(self, number: int) -> bool:
+        """Drops the entries up to ``number``, whose result has run; True if it dropped any."""
+        with self.front:
+            dropped = 0
+            while self.held and self.held[0][0] <= number:
+                self.held.popleft()
+                dropped += 1
+            self.telling_nothing = max(0, self.telling_nothing - dropped)
+        return dropped > 0
+
+    def settle(self) -> bool:
+        """Waits for the newest result, then drops it and all before it. A newest result
+        already donated on, or failed, is vouched for by a fence on its GPUs (dispatched
+        after whatever consumed it); elsewhere its entry waits for a later one."""
+        try:
+            number, newest = self.held[-1][:2]
+        except IndexError:
+            return False
+        ran = _computed(newest) or _fenced(self.devices)
+        del newest
+        return self.drop_through(number) if ran else self.drop_computed()
+
+
+class _Holder:
+    """Keeps what it is given until a result given with it, or after it in its lane, is
+    computed.
+
+    The caller appends, and drops what is already computed at its lane's front: an eager
+    call must stay cheap (a thread woken on every call cost a blocked 5-row set 35-110 us on
+    CPU: docs/lab/holder_overhead_probe.py). A daemon thread, while anything is held, settles
+    each lane (:meth:`_Lane.settle`), then pauses ``poll_s``, doubling up to ``max_pause_s``
+    while nothing changes: in an eager loop ``x = write(x, ...)`` every result is donated on
+    to the next call, mostly before it is computed, and tells nothing, so without the
+    thread the loop's arrays would pile up until it ends. A call that finds ``_PILE`` entries
+    in its lane ends the pause early. The thread sleeps on an event once an interval passes
+    with nothing held and no call. It is stopped at exit (``atexit``) once its results are
+    computed, because Python ends a daemon thread caught inside a C++ wait by unwinding it,
+    and that aborts the process ("FATAL: exception not rethrown").
+    """
+
+    def __init__(self, poll_s: float = 0.002, max_pause_s: float = 0.5):
+        self._lanes: dict[tuple, _Lane] = {}
+        self._lanes_lock = threading.Lock()  # Lanes made, appended to, removed; closing.
         self._numbers = itertools.count()
-        self._front = threading.Lock()  # Drops from the front, by the caller or the thread.
-        self._telling_nothing = 0  # Leading entries known to tell nothing (under _front).
         self._start = threading.Lock()
         self._wake = threading.Event()  # Set while anything may be held.
         self._nudge = threading.Event()  # Ends the thread's pause early.
         self._thread: threading.Thread | None = None
         self._closed = False
         self._holds = 0  # Calls so far: the thread sleeps only after an interval without.
-        self._poll_s = poll_s
+        self._poll_s, self._max_pause_s = poll_s, max_pause_s
         atexit.register(self.close)
 
-    def hold(self, result: Any, inputs: tuple) -> None:
-        if self._closed:
+    def hold(self, result: Any, inputs: tuple, devices: frozenset | None = None) -> None:
+        key = (threading.get_ident(), devices)
+        with self._lanes_lock:
+            lane = None if self._closed else self._lanes.get(key)
+            if lane is None and not self._closed:
+                lane = self._lanes[key] = _Lane(devices)
+            if lane is not None:
+                lane.held.append((next(self._numbers), result, inputs))
+        if lane is None:
             _computed(result)  # At exit: wait here.
             return
-        self._held.append((next(self._numbers), result, inputs))
         self._holds += 1
-        self._drop_computed()
+        lane.drop_computed()
         if not self._wake.is_set():
             self._start_or_wake()
-        elif len(self._held) >= _PILE and not self._nudge.is_set():
-            self._nudge.set()  # Results donated on pile up: the thread waits for a newer one.
+        elif len(lane.held) >= _PILE and not self._nudge.is_set():
+            self._nudge.set()
+
+    def held(self) -> int:
+        """How many entries are held, in all lanes."""
+        with self._lanes_lock:
+            return sum(len(lane.held) for lane in self._lanes.values())
 
     def close(self) -> None:
         """Lets the thread finish the results it holds, then stops it."""
-        with self._start:
+        with self._start, self._lanes_lock:
             self._closed, thread = True, self._thread
         self._nudge.set()
         self._wake.set()
@@ -86,79 +165,47 @@ class _Holder:
         self._wake.set()
 
     def _poll(self) -> None:
+        pause = self._poll_s
         while self._wake.wait() and not self._closed:
             holds = self._holds
-            try:
-                newest = self._held[-1]
-            except IndexError:
-                newest = None
-            if newest is not None and _computed(newest[1]):
-                self._drop_through(newest[0])  # It may be donated on by now: known computed.
-            del newest
-            self._drop_computed()
-            self._nudge.wait(self._poll_s)
+            with self._lanes_lock:
+                lanes = list(self._lanes.items())
+            dropped = False
+            for _key, lane in lanes:
+                dropped |= lane.settle()
+            with self._lanes_lock:
+                for key, lane in lanes:
+                    if not lane.held and self._lanes.get(key) is lane:
+                        del self._lanes[key]
+                anything = bool(self._lanes)
+            quiet = not dropped and self._holds == holds
+            longest = max(self._max_pause_s, self._poll_s)
+            pause = min(2 * pause, longest) if quiet else self._poll_s
+            self._nudge.wait(pause)
             self._nudge.clear()
-            if self._held or self._holds != holds:
+            if anything or self._holds != holds:
                 continue  # Idle only after a quiet interval: a wake-up per call costs 40 us.
             self._wake.clear()
-            if self._held or self._closed:  # Set before the clear: its setter saw it set.
+            if self._lanes or self._closed:  # Set before the clear: its setter saw it set.
                 self._wake.set()
         self._wait_for_all()
 
-    def _drop_computed(self) -> None:
-        """Drops the front up to the last result computed.
-
-        A deleted result (donated on to a later call before it was computed) or a failed one
-        tells nothing, and never will: its entry stays until a result given after it is
-        computed, as that one has run after it, and it is not looked at again. The states
-        are read outside ``_front``, so that it is held only for moments (reading one lets
-        the GIL go): the front is dropped only if it is still the entry looked at."""
-        held = self._held
-        while held:
-            first, index = None, 0
-            try:  # The other one may drop what is indexed here: then look again.
-                first, index = held[0], self._telling_nothing
-                while (state := _state(held[index][1])) is _UNKNOWN:
-                    index += 1
-            except IndexError:
-                state = None  # Ran out: every entry after the known ones tells nothing.
-            with self._front:
-                if not held or held[0] is not first:
-                    continue
-                if state is not _COMPUTED:
-                    self._telling_nothing = max(self._telling_nothing, index)
-                    return
-                for _ in range(index + 1):
-                    held.popleft()
-                self._telling_nothing = 0
-
-    def _drop_through(self, number: int) -> None:
-        """Drops the entries up to ``number``, whose result is computed."""
-        with self._front:
-            dropped = 0
-            while self._held and self._held[0][0] <= number:
-                self._held.popleft()
-                dropped += 1
-            self._telling_nothing = max(0, self._telling_nothing - dropped)
-
     def _wait_for_all(self) -> None:
         """Waits for every result held, then drops them all: a deleted one's inputs go last."""
-        with self._front:
-            entries = list(self._held)
-            self._held.clear()
-            self._telling_nothing = 0
+        with self._lanes_lock:
+            entries = [entry for lane in self._lanes.values() for entry in lane.held]
+            self._lanes.clear()
         for _number, result, _inputs in entries:
             _computed(result)
-
-
-_PENDING, _COMPUTED, _UNKNOWN = "pending", "computed", "unknown"
-_PILE = 16  # Entries held at which a call nudges the thread to wait for the newest.
 
 
 def _state(result: Any) -> str:
     """Whether ``result`` is computed, without waiting; unknown where deleted or failed."""
     try:
-        if not all(leaf.is_ready() for leaf in jax.tree.leaves(result)):
+        leaves = jax.tree.leaves(result)
+        if any(leaf.is_deleted() for leaf in leaves):  # Asked, a deleted array raises: slow.
+            return _UNKNOWN
+        if not all(leaf.is_ready() for leaf in leaves):
             return _PENDING
         jax.block_until_ready(result)  # Ready: returns, or raises a failed computation's error.
     except Exception:  # noqa: BLE001 - deleted (donated on), or failed: the caller's to see.
@@ -173,6 +220,24 @@ def _computed(result: Any) -> bool:
     except Exception:  # noqa: BLE001 - deleted (donated on), or failed: the caller's to see.
         return False
     return True
+
+
+def _fenced(devices: frozenset | None) -> bool:
+    """Whether a fence, an empty computation dispatched now on each of ``devices`` (GPUs
+    only: each runs its executions in order on one stream), has run."""
+    if not devices or any(device.platform != "gpu" for device in devices):
+        return False
+    return _computed([_fence(device) for device in devices])
+
+
+@functools.cache
+def _fence_on(device) -> Any:
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    return jax.jit(lambda: jnp.zeros((), jnp.int8), out_shardings=sharding)
+
+
+def _fence(device) -> jax.Array:
+    return _fence_on(device)()
 
 
 _HOLDER = _Holder()
@@ -193,5 +258,7 @@ def hold_until_computed(result: Any, *inputs: Any) -> Any:
     # Tracers (an eager vmap or grad around the call) belong to their trace: never held.
     results = [a for a in jax.tree.leaves(result) if is_concrete(a)]
     if results:
-        _HOLDER.hold(results, tuple(a for a in jax.tree.leaves(inputs) if is_concrete(a)))
+        devices = frozenset().union(*(a.sharding.device_set for a in results))
+        inputs = tuple(a for a in jax.tree.leaves(inputs) if is_concrete(a))
+        _HOLDER.hold(results, inputs, devices)
     return result

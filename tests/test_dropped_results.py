@@ -38,6 +38,9 @@ class _Pending:
         self.error = error
         self.deleted = False  # Donated on: asked whether it is ready, it raises.
 
+    def is_deleted(self):
+        return self.deleted
+
     def is_ready(self):
         if self.deleted:
             raise RuntimeError("Array has been deleted")
@@ -159,12 +162,67 @@ def test_an_eager_loop_of_donated_results_does_not_pile_up():
         holder.hold(result, (_Pending(),))
     newest = _Pending()
     holder.hold(newest, ())  # 21 held: the thread is nudged, and waits for the newest.
-    refs = [weakref.ref(inputs) for _, _, (inputs,) in list(holder._held)[:20]]
+    lane = holder._lanes[(threading.get_ident(), None)]
+    refs = [weakref.ref(inputs) for _, _, (inputs,) in list(lane.held)[:20]]
+    del lane
     time.sleep(0.1)
     newest.deleted = True  # Donated on while the thread waits; then computed.
     newest.done.set()
     del donated, newest
     assert all(_gone(ref) for ref in refs), "entries before a computed result still held"
+    holder.close()
+
+
+class _Device:
+    """Stands in for a device (not a GPU: no fence vouches for it)."""
+
+    platform = "fake"
+
+
+def test_a_computed_result_vouches_only_for_its_own_thread_and_devices():
+    # One device runs its executions in dispatch order; a thread hands its entry over after
+    # dispatching, so another thread's later entry may have been dispatched before; and one
+    # device's result says nothing of another's. Entries donated on (deleted) wait for a
+    # computed one in their own lane only.
+    holder = _holder._Holder(poll_s=60)
+    slow, fast = frozenset({_Device()}), frozenset({_Device()})
+    donated = _Pending(RuntimeError("Array has been deleted"))
+    donated.deleted = True
+    inputs = _Pending()
+    ref = weakref.ref(inputs)
+    holder.hold(donated, (inputs,), slow)
+    computed = _Pending()
+    computed.done.set()
+    holder.hold(computed, (), fast)  # Another device's result, computed.
+    elsewhere = threading.Thread(target=holder.hold, args=(computed, (), slow))
+    elsewhere.start()  # Another thread's result on the same device, computed.
+    elsewhere.join()
+    del donated, inputs, computed
+    time.sleep(0.05)
+    gc.collect()
+    assert ref() is not None, "released by a result of another lane"
+    later = _Pending()
+    later.done.set()
+    holder.hold(later, (), slow)  # Its own lane's later result, computed.
+    assert _gone(ref)
+    holder.close()
+
+
+def test_a_donated_result_with_no_call_after_it_slows_the_thread_down():
+    # Nothing vouches for it off the GPU (there a fence does): it stays held, and the thread
+    # doubles its pause, up to max_pause_s, while nothing changes.
+    holder = _holder._Holder(poll_s=0.002, max_pause_s=0.25)
+    settles = []
+    settle = _holder._Lane.settle
+    donated = _Pending(RuntimeError("Array has been deleted"))
+    donated.deleted = True
+    holder.hold(donated, ())
+    lane = holder._lanes[(threading.get_ident(), None)]
+    lane.settle = lambda: (settles.append(time.monotonic()), settle(lane))[1]
+    time.sleep(1.5)
+    recent = [t for t in settles if t > time.monotonic() - 1.0]
+    assert holder.held() == 1
+    assert len(recent) <= 6, f"{len(recent)} looks in the last second"
     holder.close()
 
 
@@ -208,6 +266,11 @@ def test_the_holder_waits_for_its_results_when_closed():
     assert not holder._thread.is_alive()
 
 
+def _recorder(held: list):
+    """A stand-in for the holder's ``hold`` that records what it is handed."""
+    return lambda result, inputs, devices=None: held.append((result, inputs))
+
+
 def _sharded_put(x0):
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("rows",))
     return jax.device_put(x0, NamedSharding(mesh, P("rows"), memory_kind="pinned_host"))
@@ -226,7 +289,7 @@ CALLS = {  # name: (call, whether it writes)
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_an_eager_call_hands_its_result_and_inputs_to_the_holder(monkeypatch, name, placement):
     held = []
-    monkeypatch.setattr(_holder._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
+    monkeypatch.setattr(_holder._HOLDER, "hold", _recorder(held))
     call, writes = CALLS[name]
     x0 = np.arange(24, dtype=np.float32).reshape(8, 3)
     x = put(x0) if placement == "one device" else _sharded_put(x0)
@@ -246,7 +309,7 @@ def test_an_eager_call_hands_its_result_and_inputs_to_the_holder(monkeypatch, na
 
 def test_sort_indices_holds_indices_it_may_read_from_host_memory(monkeypatch):
     held = []
-    monkeypatch.setattr(_holder._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
+    monkeypatch.setattr(_holder._HOLDER, "hold", _recorder(held))
     ids = put(np.array([5, 1, 5, 0], np.int32))
     ordered = pp.sort_indices(ids, 8)
     assert len(held) == 1 and held[0][1] == (ids,)
@@ -257,7 +320,7 @@ def test_tracers_are_never_held(monkeypatch):
     # An eager vmap or grad around a call on a concrete buffer: its index or updates, and
     # its result, are tracers of that transformation; held in a thread they would leak.
     held = []
-    monkeypatch.setattr(_holder._HOLDER, "hold", lambda r, inputs: held.append((r, inputs)))
+    monkeypatch.setattr(_holder._HOLDER, "hold", _recorder(held))
     x = put(np.arange(24, dtype=np.float32).reshape(8, 3))
     jax.vmap(lambda i: pp.gather_from_host(x, i))(jnp.array([[1, 2], [3, 4]]))
     zeros = put(np.zeros((8, 3), np.float32))
@@ -304,3 +367,29 @@ def test_a_late_call_with_a_dropped_array_leaves_the_next_pinned_array_alone(dro
         np.testing.assert_array_equal(np.asarray(fresh), fives)
         if result is not None:
             np.testing.assert_array_equal(np.asarray(result), threes)
+
+
+@pytest.mark.gpu
+def test_a_result_donated_into_the_callers_jit_is_released_by_a_fence():
+    # The eager add's result goes straight into the caller's donating jit, before it is
+    # computed: it tells nothing, and no call of ours follows. A fence dispatched after it
+    # on the GPU vouches for it, and the holder lets go of the add's arrays.
+    rows, width = 1 << 12, 256
+    delay, idx = _late(rows, width)
+    step = jax.jit(lambda a: pp.scatter_add_to_host(a, idx, 1.0), donate_argnums=0)
+    jax.block_until_ready(step(put(np.zeros((rows, width), np.float32))))
+    updates = put(np.ones((rows, width), np.float32))
+    for _ in range(5):
+        x = put(np.zeros((rows, width), np.float32))
+        assert _settled(_holder._HOLDER)
+        delay()
+        y = step(pp.scatter_add_to_host(x, idx, updates))
+        assert _settled(_holder._HOLDER), f"{_holder._HOLDER.held()} entries still held"
+        np.testing.assert_array_equal(np.asarray(y), np.full((rows, width), 2.0, np.float32))
+
+
+def _settled(holder, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while holder.held() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return holder.held() == 0
