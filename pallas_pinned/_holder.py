@@ -85,7 +85,7 @@ class _Lane:
             number, newest = self.held[-1][:2]
         except IndexError:
             return False
-        ran = _computed(newest) or _fenced(self.devices)
+        ran = (not _deleted(newest) and _computed(newest)) or _fenced(self.devices)
         del newest
         return self.drop_through(number) if ran else self.drop_computed()
 
@@ -133,7 +133,7 @@ class _Holder:
             return
         self._holds += 1
         lane.drop_computed()
-        if not self._wake.is_set():
+        if not self._wake.is_set() or self._thread is None or not self._thread.is_alive():
             self._start_or_wake()
         elif len(lane.held) >= _PILE and not self._nudge.is_set():
             self._nudge.set()
@@ -172,7 +172,10 @@ class _Holder:
                 lanes = list(self._lanes.items())
             dropped = False
             for _key, lane in lanes:
-                dropped |= lane.settle()
+                try:
+                    dropped |= lane.settle()
+                except Exception:  # noqa: BLE001 - the thread must go on; the entries stay.
+                    pass
             with self._lanes_lock:
                 for key, lane in lanes:
                     if not lane.held and self._lanes.get(key) is lane:
@@ -191,12 +194,16 @@ class _Holder:
         self._wait_for_all()
 
     def _wait_for_all(self) -> None:
-        """Waits for every result held, then drops them all: a deleted one's inputs go last."""
+        """Waits for every result held (a lane's newest, if donated on, by a fence), then
+        drops them all."""
         with self._lanes_lock:
-            entries = [entry for lane in self._lanes.values() for entry in lane.held]
+            lanes = list(self._lanes.values())
             self._lanes.clear()
-        for _number, result, _inputs in entries:
-            _computed(result)
+        for lane in lanes:
+            for _number, result, _inputs in lane.held:
+                _computed(result)
+            if lane.held and _deleted(lane.held[-1][1]):
+                _fenced(lane.devices)
 
 
 def _state(result: Any) -> str:
@@ -213,6 +220,13 @@ def _state(result: Any) -> str:
     return _COMPUTED
 
 
+def _deleted(result: Any) -> bool:
+    try:
+        return any(leaf.is_deleted() for leaf in jax.tree.leaves(result))
+    except Exception:  # noqa: BLE001 - what cannot say is not known deleted.
+        return False
+
+
 def _computed(result: Any) -> bool:
     """Waits for ``result``; False where it cannot tell (deleted, or failed)."""
     try:
@@ -227,7 +241,12 @@ def _fenced(devices: frozenset | None) -> bool:
     only: each runs its executions in order on one stream), has run."""
     if not devices or any(device.platform != "gpu" for device in devices):
         return False
-    return _computed([_fence(device) for device in devices])
+    try:
+        with jax.disable_jit(False):  # Disabled, jit would run the fence on the default device.
+            fences = [_fence(device) for device in devices]
+    except Exception:  # noqa: BLE001 - no fence (out of memory, a device in error): no word.
+        return False
+    return _computed(fences)
 
 
 @functools.cache

@@ -226,6 +226,58 @@ def test_a_donated_result_with_no_call_after_it_slows_the_thread_down():
     holder.close()
 
 
+class _Gpu:
+    """Stands in for a GPU: fences vouch for it (``_holder._fence`` is replaced)."""
+
+    platform = "gpu"
+
+
+def test_the_thread_goes_on_when_a_fence_cannot_be_dispatched(monkeypatch):
+    def no_fence(device):
+        raise RuntimeError("RESOURCE_EXHAUSTED: no memory for a fence")
+
+    monkeypatch.setattr(_holder, "_fence", no_fence)
+    holder, gpu = _holder._Holder(poll_s=0.002), frozenset({_Gpu()})
+    donated = _Pending(RuntimeError("Array has been deleted"))
+    donated.deleted = True
+    holder.hold(donated, (), gpu)
+    time.sleep(0.1)  # The thread has tried the fence.
+    assert holder._thread.is_alive()
+    later = _Pending()
+    later.done.set()
+    holder.hold(later, (), gpu)
+    deadline = time.monotonic() + 5
+    while holder.held() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert holder.held() == 0
+    holder.close()
+
+
+def test_close_fences_a_newest_result_donated_on(monkeypatch):
+    # At exit a lane's newest result may have gone into the caller's own jit: waiting on it
+    # tells nothing, so close() waits for a fence before it lets go of the lane's inputs.
+    events = []
+    fence = _Pending()
+    monkeypatch.setattr(_holder, "_fence", lambda device: (events.append("fence"), fence)[1])
+    holder = _holder._Holder(poll_s=60)
+    monkeypatch.setattr(holder, "_start_or_wake", lambda: None)  # No thread settles it first.
+    inputs = _Pending()
+    finalizer = weakref.finalize(inputs, events.append, "inputs dropped")
+    donated = _Pending(RuntimeError("Array has been deleted"))
+    donated.done.set()
+    donated.deleted = True
+    holder.hold(donated, (inputs,), frozenset({_Gpu()}))
+    del donated, inputs
+    closing = threading.Thread(target=holder.close)
+    closing.start()
+    closing.join(0.2)
+    assert closing.is_alive() and finalizer.alive, "inputs dropped before the fence ran"
+    fence.done.set()
+    closing.join(5)
+    gc.collect()
+    assert events[-2:] == ["fence", "inputs dropped"], events
+
+
 _ENDS_AFTER_EAGER_CALLS = """
 import jax, jax.numpy as jnp, numpy as np
 import pallas_pinned as pp
