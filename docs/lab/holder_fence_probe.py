@@ -10,9 +10,12 @@ the caller's jit donated it.
     python docs/lab/holder_fence_probe.py
 """
 
+import os
 import sys
 
 import pytest
+
+sys.path.insert(0, os.getcwd())  # The repository root: the tests import ``tests.helpers``.
 
 from pallas_pinned import _holder
 
