@@ -20,6 +20,11 @@ for the newest result when 16 pile up. Prediction: far fewer than 300 held at an
 Outcome at 12:31 UTC (holder_overhead_probe_cpu_1206_1231.log): most held 65, 37 at the end;
 the blocked one-shot then took 58.1-60.6 us with the holder, 49.4-54.1 with the no-op. (The
 holder of 12:20, without the wait, held all 500 calls of such a loop in a scratch run.)
+The holder with lanes and fences (0339b4e), at 13:28 UTC on CPU
+(holder_overhead_probe_cpu_1206_1328.log): 54.4-56.0 against 45.1-46.0 us; the loop held at
+most 67, 32 at its end (no fence off the GPU). On an H100 at 13:25 UTC
+(holder_gpu_check_h100_1206_1325/summary.txt): 99.1-99.5 against 104.3-104.6 us, no cost
+seen; the loop held at most 8, 1 at its end, 113.7 us a call.
 
     python docs/lab/holder_overhead_probe.py
 """
