@@ -398,23 +398,27 @@ def test_a_late_call_with_a_dropped_array_leaves_the_next_pinned_array_alone(dro
     # The probes' cases: a call queued behind ~20 ms of device work, one of its pinned arrays
     # dropped at once, then a new pinned array (fives) copied in by the CPU. Without the
     # holder, 98-100 of 100 such trials went wrong in the probes on an H100 (2026-12-06).
-    # This test is weaker than the probes: run with the holder off (H100, 10:36 and 10:39 UTC,
-    # 16 and 64 MiB arrays) only the gather's case failed; the two add cases passed, so for
-    # those the probes are the evidence.
+    # The buffers are made before the delay from arrays written once: made inside it from a
+    # fresh np.zeros (whose pages are first touched by the copy), the add's case ran after
+    # the delay had ended and passed with the holder off (session 31), where the same form
+    # with written arrays went wrong in 10 of 10 (docs/lab/dropped_test_forms_probe.py).
     rows, width = 1 << 16, 256
     delay, idx = _late(rows, width)
-    threes, fives = (np.full((rows, width), v, np.float32) for v in (3.0, 5.0))
+    zeros, threes, fives = (np.full((rows, width), v, np.float32) for v in (0.0, 3.0, 5.0))
+    ones = jnp.ones((rows, width), jnp.float32)  # Device updates, as in the results probe.
     for _ in range(10):
+        x = put(zeros) if dropped != "gather's buffer" else put(threes)
         delay()
         if dropped == "add's result":
-            pp.scatter_add_to_host(put(np.zeros((rows, width), np.float32)), idx, 3.0)
+            pp.scatter_add_to_host(x, idx, ones)
             result = None
         elif dropped == "gather's buffer":
-            result = pp.gather_from_host(put(threes), idx)
+            result = pp.gather_from_host(x, idx)
         else:
-            result = pp.scatter_add_to_host(put(np.zeros((rows, width), np.float32)), idx,
-                                            put(threes))
+            result = pp.scatter_add_to_host(x, idx, put(threes))
+        del x
         fresh = put(fives)
+        time.sleep(0.02)
         jax.block_until_ready((result, fresh, delay()))  # The call has run by now.
         np.testing.assert_array_equal(np.asarray(fresh), fives)
         if result is not None:
