@@ -398,10 +398,11 @@ def test_a_late_call_with_a_dropped_array_leaves_the_next_pinned_array_alone(dro
     # The probes' cases: a call queued behind ~20 ms of device work, one of its pinned arrays
     # dropped at once, then a new pinned array (fives) copied in by the CPU. Without the
     # holder, 98-100 of 100 such trials went wrong in the probes on an H100 (2026-12-06).
-    # The buffers are made before the delay from arrays written once: made inside it from a
-    # fresh np.zeros (whose pages are first touched by the copy), the add's case ran after
-    # the delay had ended and passed with the holder off (session 31), where the same form
-    # with written arrays went wrong in 10 of 10 (docs/lab/dropped_test_forms_probe.py).
+    # With the holder off on an H100 (docs/lab/dropped_test_holder_off.py, 13:55 UTC), the
+    # add's result and the gather's buffer cases fail; the pinned updates' case passes, though
+    # its form went wrong in 10 of 10 trials as a plain script (dropped_test_forms_probe.py):
+    # under pytest something keeps that memory from going to the next array. For that case
+    # the probes are the evidence.
     rows, width = 1 << 16, 256
     delay, idx = _late(rows, width)
     zeros, threes, fives = (np.full((rows, width), v, np.float32) for v in (0.0, 3.0, 5.0))
