@@ -398,7 +398,7 @@ def test_a_late_call_with_a_dropped_array_leaves_the_next_pinned_array_alone(dro
     # The probes' cases: a call queued behind ~20 ms of device work, one of its pinned arrays
     # dropped at once, then a new pinned array (fives) copied in by the CPU. Without the
     # holder, 98-100 of 100 such trials went wrong in the probes on an H100 (2026-12-06).
-    # With the holder off on an H100 (docs/lab/dropped_test_holder_off.py, 13:55 UTC), the
+    # With the holder off on an H100 (docs/lab/dropped_test_holder_off.py, 13:49 UTC), the
     # add's result and the gather's buffer cases fail; the pinned updates' case passes, though
     # its form went wrong in 10 of 10 trials as a plain script (dropped_test_forms_probe.py):
     # under pytest something keeps that memory from going to the next array. For that case

@@ -11,11 +11,11 @@ Prediction: the forms that make ``x`` before the delay fail in most trials (thei
 dispatched at once, queued behind the delay); the test's form (``x`` made after the delay,
 no sleep) in few or none. Why that form would be held back is not known.
 
-Outcome (H100, jax 0.11.2, 13:48 UTC; the log beside this file): the pinned updates' case
+Outcome (H100, jax 0.11.2, 13:47 UTC; the log beside this file): the pinned updates' case
 went wrong in 10 of 10 trials in every form, the test's included; the result's case, with
 scalar updates, in 0 of 10 in every form. So the form was not what kept the test's add cases
 from failing. The test now makes the result's case with device updates (as the results probe
-does); run under pytest with the holder off (dropped_test_holder_off.py, 13:55 UTC) its
+does); run under pytest with the holder off (dropped_test_holder_off.py, 13:49 UTC) its
 result's and gather's cases fail and its updates' case still passes.
 
     python docs/lab/dropped_test_forms_probe.py
