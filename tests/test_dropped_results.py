@@ -38,6 +38,20 @@ class _Pending:
         self.error = error
         self.deleted = False  # Donated on: asked whether it is ready, it raises.
 
+    @classmethod
+    def computed(cls) -> _Pending:
+        pending = cls()
+        pending.done.set()
+        return pending
+
+    @classmethod
+    def donated(cls) -> _Pending:
+        """Deleted, as an array donated on to a later call: asked anything, it raises."""
+        pending = cls(RuntimeError("Array has been deleted"))
+        pending.deleted = True
+        pending.done.set()
+        return pending
+
     def is_deleted(self):
         return self.deleted
 
@@ -47,6 +61,8 @@ class _Pending:
         return self.done.is_set()
 
     def block_until_ready(self):
+        if self.deleted:
+            raise RuntimeError("Array has been deleted")
         self.done.wait(10)
         if self.error is not None:
             raise self.error
@@ -61,6 +77,13 @@ def _gone(ref: weakref.ref, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def _settled(holder, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while holder.held() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return holder.held() == 0
 
 
 def test_the_holder_keeps_a_result_and_its_inputs_until_the_result_is_computed():
@@ -152,13 +175,10 @@ def test_an_eager_loop_of_donated_results_does_not_pile_up():
     # computed, and then tells nothing. The thread waits for the newest result while it is
     # not yet donated; computed, it frees every entry before it, though donated by then.
     holder = _holder._Holder(poll_s=60)
-    first = _Pending()
-    first.done.set()
-    holder.hold(first, ())
+    holder.hold(_Pending.computed(), ())
     time.sleep(0.05)  # The thread has looked once, and pauses for a minute unless nudged.
-    donated = [_Pending(RuntimeError("Array has been deleted")) for _ in range(20)]
+    donated = [_Pending.donated() for _ in range(20)]
     for result in donated:
-        result.deleted = True
         holder.hold(result, (_Pending(),))
     newest = _Pending()
     holder.hold(newest, ())  # 21 held: the thread is nudged, and waits for the newest.
@@ -186,13 +206,9 @@ def test_a_computed_result_vouches_only_for_its_own_thread_and_devices():
     # computed one in their own lane only.
     holder = _holder._Holder(poll_s=60)
     slow, fast = frozenset({_Device()}), frozenset({_Device()})
-    donated = _Pending(RuntimeError("Array has been deleted"))
-    donated.deleted = True
-    inputs = _Pending()
+    donated, inputs, computed = _Pending.donated(), _Pending(), _Pending.computed()
     ref = weakref.ref(inputs)
     holder.hold(donated, (inputs,), slow)
-    computed = _Pending()
-    computed.done.set()
     holder.hold(computed, (), fast)  # Another device's result, computed.
     elsewhere = threading.Thread(target=holder.hold, args=(computed, (), slow))
     elsewhere.start()  # Another thread's result on the same device, computed.
@@ -201,9 +217,7 @@ def test_a_computed_result_vouches_only_for_its_own_thread_and_devices():
     time.sleep(0.05)
     gc.collect()
     assert ref() is not None, "released by a result of another lane"
-    later = _Pending()
-    later.done.set()
-    holder.hold(later, (), slow)  # Its own lane's later result, computed.
+    holder.hold(_Pending.computed(), (), slow)  # Its own lane's later result, computed.
     assert _gone(ref)
     holder.close()
 
@@ -214,9 +228,7 @@ def test_a_donated_result_with_no_call_after_it_slows_the_thread_down():
     holder = _holder._Holder(poll_s=0.002, max_pause_s=0.25)
     settles = []
     settle = _holder._Lane.settle
-    donated = _Pending(RuntimeError("Array has been deleted"))
-    donated.deleted = True
-    holder.hold(donated, ())
+    holder.hold(_Pending.donated(), ())
     lane = holder._lanes[(threading.get_ident(), None)]
     lane.settle = lambda: (settles.append(time.monotonic()), settle(lane))[1]
     time.sleep(1.5)
@@ -238,18 +250,11 @@ def test_the_thread_goes_on_when_a_fence_cannot_be_dispatched(monkeypatch):
 
     monkeypatch.setattr(_holder, "_fence", no_fence)
     holder, gpu = _holder._Holder(poll_s=0.002), frozenset({_Gpu()})
-    donated = _Pending(RuntimeError("Array has been deleted"))
-    donated.deleted = True
-    holder.hold(donated, (), gpu)
+    holder.hold(_Pending.donated(), (), gpu)
     time.sleep(0.1)  # The thread has tried the fence.
     assert holder._thread.is_alive()
-    later = _Pending()
-    later.done.set()
-    holder.hold(later, (), gpu)
-    deadline = time.monotonic() + 5
-    while holder.held() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert holder.held() == 0
+    holder.hold(_Pending.computed(), (), gpu)
+    assert _settled(holder)
     holder.close()
 
 
@@ -263,11 +268,8 @@ def test_close_fences_a_newest_result_donated_on(monkeypatch):
     monkeypatch.setattr(holder, "_start_or_wake", lambda: None)  # No thread settles it first.
     inputs = _Pending()
     finalizer = weakref.finalize(inputs, events.append, "inputs dropped")
-    donated = _Pending(RuntimeError("Array has been deleted"))
-    donated.done.set()
-    donated.deleted = True
-    holder.hold(donated, (inputs,), frozenset({_Gpu()}))
-    del donated, inputs
+    holder.hold(_Pending.donated(), (inputs,), frozenset({_Gpu()}))
+    del inputs
     closing = threading.Thread(target=holder.close)
     closing.start()
     closing.join(0.2)
@@ -383,7 +385,7 @@ def test_tracers_are_never_held(monkeypatch):
     assert not any(isinstance(a, jax.core.Tracer) for a in leaves), held
 
 
-def _late(rows, width):
+def _late(rows):
     """``(delay, idx)``: a call that queues ~20 ms of matmuls on the device, and all rows."""
     idx = jnp.asarray(np.random.default_rng(0).permutation(rows).astype(np.int32))
     square = jnp.ones((4096, 4096), jnp.float32)
@@ -404,7 +406,7 @@ def test_a_late_call_with_a_dropped_array_leaves_the_next_pinned_array_alone(dro
     # under pytest something keeps that memory from going to the next array. For that case
     # the probes are the evidence.
     rows, width = 1 << 16, 256
-    delay, idx = _late(rows, width)
+    delay, idx = _late(rows)
     zeros, threes, fives = (np.full((rows, width), v, np.float32) for v in (0.0, 3.0, 5.0))
     ones = jnp.ones((rows, width), jnp.float32)  # Device updates, as in the results probe.
     for _ in range(10):
@@ -432,7 +434,7 @@ def test_a_result_donated_into_the_callers_jit_is_released_by_a_fence():
     # computed: it tells nothing, and no call of ours follows. A fence dispatched after it
     # on the GPU vouches for it, and the holder lets go of the add's arrays.
     rows, width = 1 << 12, 256
-    delay, idx = _late(rows, width)
+    delay, idx = _late(rows)
     step = jax.jit(lambda a: pp.scatter_add_to_host(a, idx, 1.0), donate_argnums=0)
     jax.block_until_ready(step(put(np.zeros((rows, width), np.float32))))
     updates = put(np.ones((rows, width), np.float32))
@@ -444,9 +446,3 @@ def test_a_result_donated_into_the_callers_jit_is_released_by_a_fence():
         assert _settled(_holder._HOLDER), f"{_holder._HOLDER.held()} entries still held"
         np.testing.assert_array_equal(np.asarray(y), np.full((rows, width), 2.0, np.float32))
 
-
-def _settled(holder, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while holder.held() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return holder.held() == 0
