@@ -117,7 +117,7 @@ class _Holder:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._holds = 0  # Calls so far: the thread sleeps only after an interval without.
-        self._poll_s, self._max_pause_s = poll_s, max_pause_s
+        self._poll_s, self._max_pause_s = poll_s, max(max_pause_s, poll_s)
         atexit.register(self.close)
 
     def hold(self, result: Any, inputs: tuple, devices: frozenset | None = None) -> None:
@@ -182,8 +182,7 @@ class _Holder:
                         del self._lanes[key]
                 anything = bool(self._lanes)
             quiet = not dropped and self._holds == holds
-            longest = max(self._max_pause_s, self._poll_s)
-            pause = min(2 * pause, longest) if quiet else self._poll_s
+            pause = min(2 * pause, self._max_pause_s) if quiet else self._poll_s
             self._nudge.wait(pause)
             self._nudge.clear()
             if anything or self._holds != holds:
