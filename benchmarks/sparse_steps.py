@@ -18,6 +18,8 @@ from jax import lax
 import pallas_pinned as pp
 from pallas_pinned import _rows, tuning
 
+DEVICE_STEPS = ("device", "device_distinct")  # the providers whose table is in device memory
+
 
 def _loss(rows, targets):
     return 0.5 * jnp.mean(jnp.sum((rows - targets) ** 2, axis=-1))

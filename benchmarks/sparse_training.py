@@ -68,8 +68,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import environment, report, timing
+from benchmarks import environment, report, sparse_hot, timing
+from benchmarks.sparse_report import (  # noqa: F401 - tests call summarize here
+    checked_us,
+    exit_status,
+    print_table,
+    summarize,
+    why_missing,
+)
 from benchmarks.sparse_steps import (  # noqa: F401 - tests and docs/lab probes import them here
+    DEVICE_STEPS,
     _sgd_scan,
     _xla_read,
     distinct_padded,
@@ -84,22 +92,29 @@ MIB = 1 << 20
 # shipped table picks); "ours_kernels" forces the Pallas kernels for both ops
 # (their interpreter off the GPU); "transfer" moves the distinct rows and nothing else.
 PROVIDERS = ("device", "device_distinct", "ours", "ours_sorted", "ours_distinct",
-             "ours_kernels", "xla", "transfer")
-DEVICE_STEPS = ("device", "device_distinct")  # the table in device memory
+             *sparse_hot.PROVIDERS, "ours_kernels", "xla", "transfer")
 REFERENCE = "device"  # its table is the one every other provider's is checked against
 # The floor's rate as printed and recorded: --pcie-gbps is a number given, not a measurement.
 NOMINAL_RATE = ("%g GB/s (nominal: --pcie-gbps, not measured in this run; the H200's copies "
                 "in earlier runs: 55.0 D2H, 49.3 H2D GB/s)")
-FULL = {"rows": 8 << 20, "dim": 64, "batch": 4096, "steps": 40, "repeats": 5}
-QUICK = {"rows": 1 << 14, "dim": 16, "batch": 256, "steps": 8, "repeats": 2}
+# hot_rows: the ids whose rows the ours_hot providers keep in device memory (2**18 of 8 Mi
+# rows: 64 MiB, 3 % of the table).
+FULL = {"rows": 8 << 20, "dim": 64, "batch": 4096, "steps": 40, "repeats": 5,
+        "hot_rows": 1 << 18}
+QUICK = {"rows": 1 << 14, "dim": 16, "batch": 256, "steps": 8, "repeats": 2, "hot_rows": 1 << 10}
+
+
+def zipf_ranks(rng: np.random.Generator, rows: int, shape: tuple[int, ...], s: float) -> np.ndarray:
+    """Ranks with ``P(rank k) ~ (k + 1) ** -s`` over ``rows`` ids."""
+    weights = np.arange(1, rows + 1, dtype=np.float64) ** -s
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    return np.minimum(np.searchsorted(cdf, rng.random(shape)), rows - 1)
 
 
 def zipf_ids(rng: np.random.Generator, rows: int, shape: tuple[int, ...], s: float) -> np.ndarray:
     """Ids with ``P(rank k) ~ (k + 1) ** -s`` over ``rows`` ids, ranks spread by a permutation."""
-    weights = np.arange(1, rows + 1, dtype=np.float64) ** -s
-    cdf = np.cumsum(weights)
-    cdf /= cdf[-1]
-    ranks = np.minimum(np.searchsorted(cdf, rng.random(shape)), rows - 1)
+    ranks = zipf_ranks(rng, rows, shape, s)
     return rng.permutation(rows).astype(np.int32)[ranks]
 
 
@@ -143,15 +158,20 @@ def run_provider(name: str, table: jax.Array, ids, targets, args, reference, *,
               "checked_against": None if reference is None else checked_against}
     if reference is None and not is_reference:
         record["note"] = "unchecked: no reference table (the device provider errored)"
-    fn = JITTED.get(name) or step_fns(args.lr)[name]
+    fn = JITTED.get(name) or (step_fns(args.lr) | sparse_hot.step_fns(args.lr))[name]
     kept = None
+    hot = name in sparse_hot.PROVIDERS  # its state: the table and its device cache
     try:
+        state = sparse_hot.start(table, args.hot_ids) if hot else table
         t0 = time.perf_counter()
-        compiled = fn.lower(table, ids, targets).compile(args.compiler_options or None)
+        compiled = fn.lower(state, ids, targets).compile(args.compiler_options or None)
         record["compile_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        table = jax.block_until_ready(compiled(table, ids, targets))
+        state = jax.block_until_ready(compiled(state, ids, targets))
         record["first_run_s"] = time.perf_counter() - t0
+        if hot:  # the hot rows written back for the check, untimed (sparse_hot's doc)
+            state = sparse_hot.flush(state)
+        table = sparse_hot.table_of(state)
         record["memory_kind"] = table.sharding.memory_kind
         if is_reference:
             kept = jnp.copy(table)  # the reference the others are checked against
@@ -167,10 +187,10 @@ def run_provider(name: str, table: jax.Array, ids, targets, args, reference, *,
             record["correct"] = bool(diff <= record["tolerance"]) and (
                 record["memory_kind"] == record["expected_memory_kind"])
         slow = record["first_run_s"] > args.max_run_s
-        table, measured = timing.measure(
-            lambda x, i, t: compiled(x, i, t), table, ids, targets,
+        state, measured = timing.measure(
+            lambda x, i, t: compiled(x, i, t), state, ids, targets,
             repeats=1 if slow else args.repeats, warmup=0 if slow else args.warmup)
-        table.delete()
+        jax.tree.map(lambda a: a.delete(), state)
     except Exception as err:  # noqa: BLE001 - recorded as an error; the run fails at the end
         record["status"] = "error"
         record["error"] = f"{type(err).__name__}: {err}"[:600]
@@ -197,6 +217,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help=f"timed scans ({FULL['repeats']})")
     p.add_argument("--warmup", type=int, default=1, help="untimed scans after the checked one")
     p.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent of the ids")
+    p.add_argument("--hot-rows", type=int, default=None,
+                   help=f"rows the ours_hot providers keep in device memory ({FULL['hot_rows']})")
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--tolerance", type=float, default=1e-5,
                    help="largest allowed |table - device table| after one scan, times "
@@ -217,15 +239,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in sizes.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if min(args.rows, args.dim, args.batch, args.steps, args.repeats) < 1 or args.warmup < 0:
-        p.error("sizes, --steps and --repeats must be >= 1, --warmup >= 0")
+    if (min(args.rows, args.dim, args.batch, args.steps, args.repeats, args.hot_rows) < 1
+            or args.warmup < 0):
+        p.error("sizes, --steps, --repeats and --hot-rows must be >= 1, --warmup >= 0")
     return args
 
 
 def make_inputs(args):
-    """Initial table (device), ids and targets (device), ids as numpy."""
+    """Initial table (device), ids and targets (device), ids as numpy, and the hot ids: the
+    most frequent of a profile window drawn apart, spread by the same permutation."""
     rng = np.random.default_rng([args.seed, args.rows, args.dim, args.batch])
-    ids = zipf_ids(rng, args.rows, (args.steps, args.batch), args.zipf_s)
+    ranks = zipf_ranks(rng, args.rows, (args.steps, args.batch), args.zipf_s)
+    spread = rng.permutation(args.rows).astype(np.int32)  # zipf_ids's draws, in its order
+    ids = spread[ranks]
+    profile = zipf_ranks(np.random.default_rng([args.seed, args.rows, 1]), args.rows,
+                         (sparse_hot.PROFILE_STEPS, args.batch), args.zipf_s)
+    hot_ids = sparse_hot.most_frequent(spread[profile], args.hot_rows, args.rows)
     scale = np.float32(1 / np.sqrt(args.dim))  # the usual embedding initialization
     targets = (scale * rng.standard_normal((args.steps, args.batch, args.dim))).astype(np.float32)
     device = jax.devices()[0]
@@ -233,7 +262,7 @@ def make_inputs(args):
     table = scale * jax.random.normal(jax.random.key(args.seed), (args.rows, args.dim),
                                       jnp.float32)
     return (jax.block_until_ready(table), jax.device_put(ids, on_device),
-            jax.device_put(targets, on_device), ids)
+            jax.device_put(targets, on_device), ids, hot_ids)
 
 
 def main(argv=None) -> int:
@@ -242,7 +271,7 @@ def main(argv=None) -> int:
     if not args.gpu and not args.quick:
         print("no GPU found: on CPU, with the quick sizes where none is given")
     started = time.monotonic()
-    table0, ids, targets, ids_np = make_inputs(args)
+    table0, ids, targets, ids_np, args.hot_ids = make_inputs(args)
     row_bytes = args.dim * 4
     distinct = distinct_per_step(ids_np)
     floor_us = pcie_floor_us(distinct, row_bytes, args.pcie_gbps)
@@ -255,6 +284,14 @@ def main(argv=None) -> int:
           f"{distinct.max()} of {args.batch}; nominal PCIe floor {floor_us:.1f} us/step: "
           f"distinct rows read + written, {row_bytes} B each, at {NOMINAL_RATE % args.pcie_gbps}"
           + ("" if args.gpu else "; a GPU figure: no ratio to it on CPU"), flush=True)
+    cache = sparse_hot.cold_stats(ids_np, args.hot_ids) | {
+        "hot_rows": int(args.hot_ids.size), "hot_bytes": int(args.hot_ids.size) * row_bytes,
+        "profile_steps": sparse_hot.PROFILE_STEPS}
+    print(f"ours_hot*: the {cache['hot_rows']} ids most frequent in a profile window of "
+          f"{cache['profile_steps']} steps keep their rows in device memory "
+          f"({report.format_bytes(cache['hot_bytes'])}): {cache['hot_entry_fraction']:.1%} of "
+          f"the entries; distinct cold ids per step: mean {cache['cold_distinct_mean']:.0f}",
+          flush=True)
     records, reference = [], None
     moves = transfer_rows(ids_np, args.rows)
     for name in PROVIDERS:
@@ -285,7 +322,7 @@ def main(argv=None) -> int:
                              for op in ("gather", "add")},
             "distinct_ids_per_step": {"mean": float(distinct.mean()), "min": int(distinct.min()),
                                       "max": int(distinct.max())},
-            "pcie_gbps": args.pcie_gbps, "pcie_floor_us_per_step": floor_us,
+            "hot_cache": cache, "pcie_gbps": args.pcie_gbps, "pcie_floor_us_per_step": floor_us,
             "pcie_floor_basis": NOMINAL_RATE % args.pcie_gbps,
             "loss": "0.5 * mean_b ||row_b - target_b||^2, grad w.r.t. the gathered rows",
             **environment.environment()}
@@ -296,104 +333,6 @@ def main(argv=None) -> int:
     print("\n".join(summary["lines"]))
     print(f"wrote {out} in {time.monotonic() - started:.0f} s")
     return exit_status(records)
-
-
-def checked_us(records: list[dict]) -> dict[str, float]:
-    """Per-step times of the rows whose table was checked, and of the reference's."""
-    return {r["provider"]: r["us_per_step"] for r in records
-            if r["us_per_step"] is not None and (r["correct"] is True or r.get("is_reference"))}
-
-
-def why_missing(records: list[dict], name: str) -> str:
-    """Why ``name`` has no checked time: not run, errored, incorrect, untimed or unchecked."""
-    r = next((r for r in records if r["provider"] == name), None)
-    if r is None:
-        return f"{name} not run"
-    if r["status"] == "error":
-        return f"{name} errored"
-    if r["correct"] is False:
-        return f"{name} incorrect"
-    return f"{name} untimed" if r["us_per_step"] is None else f"{name} unchecked"
-
-
-def summarize(records: list[dict], floor_us: float, *, on_gpu: bool = True) -> dict:
-    """Ratios of checked times only; where a side is missing the line says why, and a
-    target line gives no verdict. No ratio to the nominal PCIe floor off the GPU."""
-    us = checked_us(records)
-    ratios, lines = {}, []
-
-    def ratio(key: str, label: str, num: str, den: str, *, target: bool = False,
-              spec: str = ".2f", detail=lambda value: "") -> None:
-        if num not in us or den not in us:
-            missing = "; ".join(why_missing(records, n) for n in (num, den) if n not in us)
-            lines.append(f"{label}: n/a ({missing}{'; no verdict' if target else ''})")
-            return
-        ratios[key] = value = us[num] / us[den]
-        verdict = f"target within 2x: {'met' if value <= 2 else 'NOT met'}" if target else ""
-        lines.append(f"{label}: {value:{spec}}x ({verdict or detail(value)})")
-
-    ratio("ours_over_device", "ours / device table", "ours", "device", target=True)
-    ratio("ours_sorted_over_device", "ours with one shared order / device table",
-          "ours_sorted", "device", target=True)
-    device_best = min((k for k in DEVICE_STEPS if k in us), key=us.get, default="device")
-    ratio("ours_distinct_over_device",
-          "ours reading each distinct row once / the faster device table step",
-          "ours_distinct", device_best, target=True)
-    ratio("ours_over_xla", "ours / xla", "ours", "xla", spec=".3f",
-          detail=lambda value: f"xla / ours {1 / value:.1f}x")
-    if not on_gpu:
-        lines.append("ours / nominal PCIe floor: n/a (a CPU run: the floor is a GPU's PCIe rate)")
-    elif "ours" in us:
-        ratios["ours_over_pcie_floor"] = us["ours"] / floor_us
-        lines.append(f"ours / nominal PCIe floor: {ratios['ours_over_pcie_floor']:.2f}x "
-                     f"({us['ours']:.1f} us vs {floor_us:.1f} us per step; the floor's rate "
-                     "is nominal, not measured in this run)")
-    else:
-        lines.append(f"ours / nominal PCIe floor: n/a ({why_missing(records, 'ours')})")
-    ratio("ours_over_transfer", "ours / measured transfer of the distinct rows", "ours",
-          "transfer", detail=lambda value: f"{us['transfer']:.1f} us per step")
-    ratio("transfer_over_device", "transfer alone / device table", "transfer", "device",
-          detail=lambda value: "what moving the rows costs before any ordering, combining "
-          "or gradient")
-    return {**ratios, "lines": lines}
-
-
-def print_table(records: list[dict], floor_us: float | None) -> None:
-    """One row per provider; ``x floor`` against the nominal PCIe floor (``-`` where None)."""
-    print(f"\n{'provider':15} {'us/step':>10} {'min':>10} {'max':>10} {'x floor':>8} "
-          f"{'max|diff|':>10}  status")
-    for r in records:
-        if r["us_per_step"] is None:
-            print(f"{r['provider']:15} {'-':>10} {'-':>10} {'-':>10} {'-':>8} {'-':>10}  "
-                  f"{r['status']}: {r.get('error', '')[:200]}")
-            continue
-        diff = r["max_abs_diff_vs_device"]
-        against = "" if diff is None else f", vs {r['checked_against']}"
-        checked = ("reference" if r.get("is_reference") else "unchecked" if diff is None
-                   else f"{diff:.2e}")
-        note = f"; {r['note']}" if r.get("note") else ""
-        times_floor = "-" if floor_us is None else f"{r['us_per_step'] / floor_us:.2f}"
-        print(f"{r['provider']:15} {r['us_per_step']:10.1f} {r['us_min']:10.1f} "
-              f"{r['us_max']:10.1f} {times_floor:>8} {checked:>10}  "
-              f"{r['status']} ({r['memory_kind']}{against}{note})")
-
-
-def exit_status(records: list[dict]) -> int:
-    """1 on an error, a wrong table, or a table left unchecked (no reference to check it)."""
-    failed = False
-    for r in records:
-        if r["status"] == "error":
-            print(f"ERROR: {r['provider']}: {r['error'][:300]}")
-            failed = True
-        elif r["correct"] is False:
-            print(f"INCORRECT: {r['provider']}: max |table - {r['checked_against']}| "
-                  f"{r['max_abs_diff_vs_device']:.3g} (tolerance {r['tolerance']:.3g}), "
-                  f"memory kind {r['memory_kind']} (must be {r['expected_memory_kind']})")
-            failed = True
-        elif r["correct"] is None and not r.get("is_reference"):
-            print(f"UNCHECKED: {r['provider']}: {r.get('note', 'not checked')}")
-            failed = True
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,144 @@
+"""The sparse-training client with its hottest rows kept in device memory: a client's cache.
+
+The table stays in pinned host memory. The ``--hot-rows`` ids seen most often in a
+profile window of the id stream (:data:`PROFILE_STEPS` steps drawn apart from the
+timed ones, as a client counts its ids before it trains) keep their rows in a device
+array; a step reads and updates those there, and only its other ids (the cold ones)
+touch the pinned table. Zipf ids repeat on a few rows, so a small cache takes most of
+a step's entries, and the rows that cross PCIe drop with it (printed by the run).
+
+Two providers, the same cache, two ways of writing the cold rows:
+
+* ``ours_hot``: the cold ids through ``gather_from_host`` and ``scatter_add_to_host``
+  (the hot entries turned into distinct out-of-range ids, which move nothing), so the
+  add orders the step's entries and sums repeated rows in its fixed order;
+* ``ours_hot_distinct``: each cold row read once and set once. A device scratch the
+  length of the table (int32, -1 between steps) finds each cold id's last entry, its
+  owner: ``scratch.at[ids].max(entry)`` needs no sort. Only owners read their row;
+  each entry takes its owner's value, the owners' sums of the updates come from a
+  device scatter-add (XLA's atomics, in no fixed order, as the device table's own add),
+  and the new rows are written with ``scatter_to_host`` promised unique. No second read
+  of the rows and no ordering.
+
+The hot rows' updates are XLA's scatter-add on the device array, as in the device
+table. :func:`flush` writes the hot rows back into the pinned table, as a client does
+when it saves the table; the run flushes before its check, and the timed scans do not
+include it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import pallas_pinned as pp
+from benchmarks.sparse_steps import _loss
+
+PROFILE_STEPS = 256  # the profile window's steps: about a million ids at 4096 a step
+PROVIDERS = ("ours_hot", "ours_hot_distinct")
+_DISTINCT = {"unique_indices": True, "indices_are_sorted": True}
+
+
+def most_frequent(ids: np.ndarray, k: int, num_rows: int) -> np.ndarray:
+    """The ``k`` ids (at most ``num_rows``) seen most often in ``ids``, ascending; ties go
+    to the smaller id, and ids never seen fill the rest in id order."""
+    counts = np.bincount(ids.ravel(), minlength=num_rows)
+    return np.sort(np.argsort(-counts, kind="stable")[:min(k, num_rows)]).astype(np.int32)
+
+
+def cold_stats(ids: np.ndarray, hot_ids: np.ndarray) -> dict:
+    """Per step (means): the entries whose id is hot, and the distinct cold ids."""
+    is_hot = np.isin(ids, hot_ids)
+    cold = [np.unique(row[~hot]).size for row, hot in zip(ids, is_hot, strict=True)]
+    return {"hot_entry_fraction": float(is_hot.mean()), "cold_distinct_mean": float(np.mean(cold))}
+
+
+def start(table: jax.Array, hot_ids: np.ndarray) -> dict:
+    """The providers' state: the pinned table, the hot rows copied to the device (in the
+    order of ``hot_ids``, ascending), each id's hot slot (-1: cold) and the owner scratch."""
+    device = jax.sharding.SingleDeviceSharding(next(iter(table.devices())))
+    hot_ids = jax.device_put(hot_ids, device)
+    num_rows = table.shape[0]
+    slot = jnp.full((num_rows,), -1, jnp.int32).at[hot_ids].set(
+        jnp.arange(hot_ids.shape[0], dtype=jnp.int32), **_DISTINCT)
+    return {"table": table, "hot_ids": hot_ids, "slot": slot,
+            "hot": pp.gather_from_host(table, hot_ids, **_DISTINCT),
+            "owner": jnp.full((num_rows,), -1, jnp.int32)}
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def flush(state: dict) -> dict:
+    """The hot rows written back into the pinned table; the state stays usable."""
+    table = pp.scatter_to_host(state["table"], state["hot_ids"], state["hot"], **_DISTINCT)
+    return state | {"table": table}
+
+
+def table_of(state) -> jax.Array:
+    """The pinned table of a provider's state (a table provider's state is its table)."""
+    return state["table"] if isinstance(state, dict) else state
+
+
+def _split(state: dict, i: jax.Array):
+    """Each entry's hot slot (-1: cold), whether it is hot, its index, and its cold id: the
+    id, or for a hot entry ``num_rows + entry``, distinct and out of range."""
+    slot = state["slot"][i]
+    is_hot = slot >= 0
+    entry = jnp.arange(i.shape[0], dtype=i.dtype)
+    return slot, is_hot, entry, jnp.where(is_hot, state["table"].shape[0] + entry, i)
+
+
+def _rows_and_update(hot, slot, is_hot, cold_values, t, lr: float, dtype):
+    """Every entry's row (the hot copy or the cold value) and its update ``-lr * grad``."""
+    rows = jnp.where(is_hot[:, None], hot[jnp.maximum(slot, 0)], cold_values)
+    return (-lr * jax.grad(_loss)(rows, t)).astype(dtype)
+
+
+def _add_hot(hot, slot, is_hot, update):
+    return hot.at[jnp.where(is_hot, slot, hot.shape[0])].add(update, mode="drop")
+
+
+def _cold_by_ops(state: dict, i, t, lr: float) -> dict:
+    """``ours_hot``'s step: the cold ids through the library's gather and add."""
+    table = state["table"]
+    slot, is_hot, _, cold = _split(state, i)
+    update = _rows_and_update(state["hot"], slot, is_hot,
+                              pp.gather_from_host(table, cold, mode="fill", fill_value=0),
+                              t, lr, table.dtype)
+    return state | {"hot": _add_hot(state["hot"], slot, is_hot, update),
+                    "table": pp.scatter_add_to_host(table, cold, update, mode="drop")}
+
+
+def _cold_read_once(state: dict, i, t, lr: float) -> dict:
+    """``ours_hot_distinct``'s step: each cold row read once and set once (module doc)."""
+    table = state["table"]
+    num_rows = table.shape[0]
+    slot, is_hot, entry, cold = _split(state, i)
+    owner = state["owner"].at[cold].max(entry, mode="drop")
+    first = owner.at[cold].get(mode="fill", fill_value=-1)  # each cold entry's owner
+    reads = jnp.where(first == entry, cold, num_rows + entry)  # each cold row once
+    values = pp.gather_from_host(table, reads, mode="fill", fill_value=0, unique_indices=True)
+    update = _rows_and_update(state["hot"], slot, is_hot, values[jnp.maximum(first, 0)], t, lr,
+                              table.dtype)
+    sums = jnp.zeros_like(values).at[jnp.where(is_hot, i.shape[0], first)].add(
+        update, mode="drop")
+    return state | {
+        "hot": _add_hot(state["hot"], slot, is_hot, update),
+        "table": pp.scatter_to_host(table, reads, values + sums, mode="drop",
+                                    unique_indices=True),
+        "owner": owner.at[cold].set(-1, mode="drop")}
+
+
+def step_fns(lr: float) -> dict:
+    """The jitted scan of each provider; the state (argument 0) is donated."""
+
+    def scan(step):
+        def train(state, ids, targets):
+            return lax.scan(lambda s, xs: (step(s, *xs, lr), None), state, (ids, targets))[0]
+
+        return jax.jit(train, donate_argnums=0)
+
+    return {"ours_hot": scan(_cold_by_ops), "ours_hot_distinct": scan(_cold_read_once)}
