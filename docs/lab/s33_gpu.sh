@@ -3,7 +3,7 @@
 # graphed, with the hot-rows cache (benchmarks/sparse_hot.py) on a GPU for the first time.
 # H200: then the GPU suite and the quick loop grid graphed (the H200's first since session 25).
 # H100 (where the suite ran at this library code, session 32): the sparse client at XLA's
-# defaults and graphed with a cache of 2**16 rows.
+# defaults and graphed with caches of 2**16 rows and of 1 row (the owner step, uncached).
 # Everything lands in $OUT/s33.tgz, with summary.txt beside it.
 #   bash docs/lab/s33_gpu.sh
 set -u
@@ -31,6 +31,9 @@ else
   timeout 150 python3 -m benchmarks.sparse_training $G --hot-rows 65536 --out "$WORK/hot64k" \
     > "$WORK/sparse_hot64k.log" 2>&1
   echo "hot64k rc=$?" >> "$WORK/sparse_hot64k.log"
+  timeout 150 python3 -m benchmarks.sparse_training $G --hot-rows 1 --out "$WORK/hot1" \
+    > "$WORK/sparse_hot1.log" 2>&1
+  echo "hot1 rc=$?" >> "$WORK/sparse_hot1.log"
 fi
 {
   echo "$gpu; $(( $(date +%s) - start )) s"
