@@ -38,7 +38,7 @@ from jax import lax
 import pallas_pinned as pp
 from benchmarks.sparse_steps import _loss
 
-PROFILE_STEPS = 256  # the profile window's steps: about a million ids at 4096 a step
+PROFILE_STEPS = 1024  # the profile window: about 4 M ids at 4096 a step
 PROVIDERS = ("ours_hot", "ours_hot_distinct")
 _DISTINCT = {"unique_indices": True, "indices_are_sorted": True}
 
