@@ -60,7 +60,7 @@ def cold_stats(ids: np.ndarray, hot_ids: np.ndarray) -> dict:
 def start(table: jax.Array, hot_ids: np.ndarray) -> dict:
     """The providers' state: the pinned table, the hot rows copied to the device (in the
     order of ``hot_ids``, ascending), each id's hot slot (-1: cold) and the owner scratch."""
-    device = jax.sharding.SingleDeviceSharding(next(iter(table.devices())))
+    device = jax.sharding.make_single_device_sharding(next(iter(table.devices())))
     hot_ids = jax.device_put(hot_ids, device)
     num_rows = table.shape[0]
     slot = jnp.full((num_rows,), -1, jnp.int32).at[hot_ids].set(

@@ -38,7 +38,7 @@ def _inputs():
 
 
 def _pinned(table):
-    return jax.device_put(table, jax.sharding.SingleDeviceSharding(
+    return jax.device_put(table, jax.sharding.make_single_device_sharding(
         jax.devices()[0], memory_kind="pinned_host"))
 
 
