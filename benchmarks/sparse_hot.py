@@ -13,8 +13,11 @@ Two providers, the same cache, two ways of writing the cold rows:
   (the hot entries turned into distinct out-of-range ids, which move nothing), so the
   add orders the step's entries and sums repeated rows in its fixed order;
 * ``ours_hot_distinct``: each cold row read once and set once. A device scratch the
-  length of the table (int32, -1 between steps) finds each cold id's last entry, its
-  owner: ``scratch.at[ids].max(entry)`` needs no sort. Only owners read their row;
+  length of the table (int32) finds each cold id's last entry, its owner:
+  ``scratch.at[ids].max(code)`` needs no sort. A step's codes are ``step * batch + entry``,
+  above every earlier step's, so the scratch is never cleared (a clearing scatter after
+  the read made XLA copy the whole scratch, twice a step on CPU); it serves
+  ``2**31 // batch`` steps (524,288 at 4096 ids), then must start again. Only owners read their row;
   each entry takes its owner's value, the owners' sums of the updates come from a
   device scatter-add (XLA's atomics, in no fixed order, as the device table's own add),
   and the new rows are written with ``scatter_to_host`` promised unique. No second read
@@ -67,7 +70,7 @@ def start(table: jax.Array, hot_ids: np.ndarray) -> dict:
         jnp.arange(hot_ids.shape[0], dtype=jnp.int32), **_DISTINCT)
     return {"table": table, "hot_ids": hot_ids, "slot": slot,
             "hot": pp.gather_from_host(table, hot_ids, **_DISTINCT),
-            "owner": jnp.full((num_rows,), -1, jnp.int32)}
+            "owner": jnp.full((num_rows,), -1, jnp.int32), "step": jnp.ones((), jnp.int32)}
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -117,8 +120,9 @@ def _cold_read_once(state: dict, i, t, lr: float) -> dict:
     table = state["table"]
     num_rows = table.shape[0]
     slot, is_hot, entry, cold = _split(state, i)
-    owner = state["owner"].at[cold].max(entry, mode="drop")
-    first = owner.at[cold].get(mode="fill", fill_value=-1)  # each cold entry's owner
+    base = state["step"] * i.shape[0]  # this step's codes are base + entry (module doc)
+    owner = state["owner"].at[cold].max(base + entry, mode="drop")
+    first = owner.at[cold].get(mode="fill", fill_value=-1) - base  # each cold entry's owner
     reads = jnp.where(first == entry, cold, num_rows + entry)  # each cold row once
     values = pp.gather_from_host(table, reads, mode="fill", fill_value=0, unique_indices=True)
     update = _rows_and_update(state["hot"], slot, is_hot, values[jnp.maximum(first, 0)], t, lr,
@@ -129,7 +133,7 @@ def _cold_read_once(state: dict, i, t, lr: float) -> dict:
         "hot": _add_hot(state["hot"], slot, is_hot, update),
         "table": pp.scatter_to_host(table, reads, values + sums, mode="drop",
                                     unique_indices=True),
-        "owner": owner.at[cold].set(-1, mode="drop")}
+        "owner": owner, "step": state["step"] + 1}
 
 
 def step_fns(lr: float) -> dict:
