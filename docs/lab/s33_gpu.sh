@@ -38,7 +38,7 @@ if [[ $gpu == *H200* ]]; then
     bash benchmarks/gpu_session.sh tests > "$WORK/tests.log" 2>&1
   echo "tests rc=$?" >> "$WORK/tests.log"
   note "$WORK/tests.log" 8
-  left=$(( 450 - ($(date +%s) - start) ))
+  left=$(( 400 - ($(date +%s) - start) ))
   if [ "$left" -gt 180 ]; then  # the quick loop grid graphed, in what time is left
     OUT=$WORK/loop LOOP_ARGS="--quick --backends pallas --time-budget-s $(( left - 90 ))" \
       timeout "$left" bash benchmarks/gpu_session.sh loopgraphs > "$WORK/loop.log" 2>&1
