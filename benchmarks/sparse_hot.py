@@ -15,9 +15,11 @@ Two providers, the same cache, two ways of writing the cold rows:
 * ``ours_hot_distinct``: each cold row read once and set once. A device scratch the
   length of the table (int32) finds each cold id's last entry, its owner:
   ``scratch.at[ids].max(code)`` needs no sort. A step's codes are ``step * batch + entry``,
-  above every earlier step's, so the scratch is never cleared (a clearing scatter after
-  the read made XLA copy the whole scratch, twice a step on CPU); it serves
-  ``2**31 // batch`` steps (524,288 at 4096 ids), then must start again. Only owners read their row;
+  above every earlier step's, so the scratch is not cleared after each step (a clearing
+  scatter after the read made XLA copy the whole scratch, twice a step on CPU). Codes fit
+  int32 up to step ``2**31 // batch - 1`` (524,287 at 4096 ids): a scan that would pass it
+  clears the scratch and starts again from step 1 before its loop, and a scan longer than
+  that is refused. Only owners read their row;
   each entry takes its owner's value, the owners' sums of the updates come from a
   device scatter-add (XLA's atomics, in no fixed order, as the device table's own add),
   and the new rows are written with ``scatter_to_host`` promised unique. No second read
@@ -62,7 +64,14 @@ def cold_stats(ids: np.ndarray, hot_ids: np.ndarray) -> dict:
 
 def start(table: jax.Array, hot_ids: np.ndarray) -> dict:
     """The providers' state: the pinned table, the hot rows copied to the device (in the
-    order of ``hot_ids``, ascending), each id's hot slot (-1: cold) and the owner scratch."""
+    order of ``hot_ids``, ascending), each id's hot slot (-1: cold), the owner scratch and
+    the step its codes start from. Device memory: the cache, plus two int32 arrays as long
+    as the table (the slots and the scratch)."""
+    hot_ids = np.asarray(hot_ids)
+    if hot_ids.size and not (np.all(np.diff(hot_ids) > 0) and 0 <= hot_ids[0]
+                             and hot_ids[-1] < table.shape[0]):
+        # flush and the slots promise the library sorted, distinct rows in range.
+        raise ValueError("hot_ids must be distinct ids in range, ascending")
     device = jax.sharding.make_single_device_sharding(next(iter(table.devices())))
     hot_ids = jax.device_put(hot_ids, device)
     num_rows = table.shape[0]
@@ -122,12 +131,13 @@ def _cold_read_once(state: dict, i, t, lr: float) -> dict:
     slot, is_hot, entry, cold = _split(state, i)
     base = state["step"] * i.shape[0]  # this step's codes are base + entry (module doc)
     owner = state["owner"].at[cold].max(base + entry, mode="drop")
-    first = owner.at[cold].get(mode="fill", fill_value=-1) - base  # each cold entry's owner
-    reads = jnp.where(first == entry, cold, num_rows + entry)  # each cold row once
+    # Each cold entry's owner: the last entry of its id (negative for a hot entry).
+    owner_entry = owner.at[cold].get(mode="fill", fill_value=-1) - base
+    reads = jnp.where(owner_entry == entry, cold, num_rows + entry)  # each cold row once
     values = pp.gather_from_host(table, reads, mode="fill", fill_value=0, unique_indices=True)
-    update = _rows_and_update(state["hot"], slot, is_hot, values[jnp.maximum(first, 0)], t, lr,
-                              table.dtype)
-    sums = jnp.zeros_like(values).at[jnp.where(is_hot, i.shape[0], first)].add(
+    update = _rows_and_update(state["hot"], slot, is_hot, values[jnp.maximum(owner_entry, 0)],
+                              t, lr, table.dtype)
+    sums = jnp.zeros_like(values).at[jnp.where(is_hot, i.shape[0], owner_entry)].add(
         update, mode="drop")
     return state | {
         "hot": _add_hot(state["hot"], slot, is_hot, update),
@@ -136,11 +146,27 @@ def _cold_read_once(state: dict, i, t, lr: float) -> dict:
         "owner": owner, "step": state["step"] + 1}
 
 
+def _codes_fit(state: dict, steps: int, batch: int) -> dict:
+    """The state with room for ``steps`` more steps of codes in int32: the scratch cleared
+    and the step back at 1 where the scan would pass the last step that fits. Done once,
+    before the scan's loop, so the steps themselves stay as measured."""
+    last = 2**31 // batch - 1  # codes reach (step + 1) * batch - 1, at most 2**31 - 1
+    if steps > last:
+        raise ValueError(f"a scan of {steps} steps of {batch} ids passes int32's codes; "
+                         f"split it into scans of at most {last} steps")
+    owner, step = lax.cond(state["step"] + steps - 1 > last,
+                           lambda o, s: (jnp.full_like(o, -1), jnp.ones_like(s)),
+                           lambda o, s: (o, s), state["owner"], state["step"])
+    return state | {"owner": owner, "step": step}
+
+
 def step_fns(lr: float) -> dict:
     """The jitted scan of each provider; the state (argument 0) is donated."""
 
     def scan(step):
         def train(state, ids, targets):
+            if step is _cold_read_once:
+                state = _codes_fit(state, *ids.shape)
             return lax.scan(lambda s, xs: (step(s, *xs, lr), None), state, (ids, targets))[0]
 
         return jax.jit(train, donate_argnums=0)

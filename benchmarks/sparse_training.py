@@ -313,7 +313,8 @@ def main(argv=None) -> int:
         records.append(result)
     if reference is not None:
         reference.delete()
-    summary = summarize(records, floor_us, on_gpu=args.gpu)
+    summary = summarize(records, floor_us, on_gpu=args.gpu,
+                        cache_holds_table=args.hot_ids.size >= args.rows)
     meta = {"benchmark": "sparse_training", "argv": sys.argv[1:], "rows": args.rows,
             "dim": args.dim, "batch": args.batch, "steps": args.steps, "repeats": args.repeats,
             "warmup": args.warmup, "zipf_s": args.zipf_s, "lr": args.lr, "seed": args.seed,
