@@ -116,10 +116,18 @@ def zipf_ranks(rng: np.random.Generator, rows: int, shape: tuple[int, ...], s: f
     return np.minimum(np.searchsorted(cdf, rng.random(shape)), rows - 1)
 
 
+def zipf_spread(rng: np.random.Generator, rows: int, shape: tuple[int, ...],
+                s: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`zipf_ids`, and the permutation that spreads the ranks over the table (rank
+    ``k`` is id ``spread[k]``)."""
+    ranks = zipf_ranks(rng, rows, shape, s)
+    spread = rng.permutation(rows).astype(np.int32)
+    return spread[ranks], spread
+
+
 def zipf_ids(rng: np.random.Generator, rows: int, shape: tuple[int, ...], s: float) -> np.ndarray:
     """Ids with ``P(rank k) ~ (k + 1) ** -s`` over ``rows`` ids, ranks spread by a permutation."""
-    ranks = zipf_ranks(rng, rows, shape, s)
-    return rng.permutation(rows).astype(np.int32)[ranks]
+    return zipf_spread(rng, rows, shape, s)[0]
 
 
 # Looked up by name at run time (a test swaps in a broken one).
@@ -253,9 +261,7 @@ def make_inputs(args):
     """Initial table (device), ids and targets (device), ids as numpy, and the hot ids: the
     most frequent of a profile window drawn apart, spread by the same permutation."""
     rng = np.random.default_rng([args.seed, args.rows, args.dim, args.batch])
-    ranks = zipf_ranks(rng, args.rows, (args.steps, args.batch), args.zipf_s)
-    spread = rng.permutation(args.rows).astype(np.int32)  # zipf_ids's draws, in its order
-    ids = spread[ranks]
+    ids, spread = zipf_spread(rng, args.rows, (args.steps, args.batch), args.zipf_s)
     profile = zipf_ranks(np.random.default_rng([args.seed, args.rows, 1]), args.rows,
                          (sparse_hot.PROFILE_STEPS, args.batch), args.zipf_s)
     hot_ids = sparse_hot.most_frequent(spread[profile], args.hot_rows, args.rows)
