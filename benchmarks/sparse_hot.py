@@ -62,11 +62,11 @@ def cold_stats(ids: np.ndarray, hot_ids: np.ndarray) -> dict:
     return {"hot_entry_fraction": float(is_hot.mean()), "cold_distinct_mean": float(np.mean(cold))}
 
 
-def start(table: jax.Array, hot_ids: np.ndarray) -> dict:
-    """The providers' state: the pinned table, the hot rows copied to the device (in the
-    order of ``hot_ids``, ascending), each id's hot slot (-1: cold), the owner scratch and
-    the step its codes start from. Device memory: the cache, plus two int32 arrays as long
-    as the table (the slots and the scratch)."""
+def start(table: jax.Array, hot_ids: np.ndarray, provider: str) -> dict:
+    """``provider``'s state: the pinned table, the hot rows copied to the device (in the
+    order of ``hot_ids``, ascending) and each id's hot slot (-1: cold); for
+    ``ours_hot_distinct`` also the owner scratch and the step its codes start from. Device
+    memory: the cache, plus one int32 array as long as the table per slots and scratch."""
     hot_ids = np.asarray(hot_ids)
     if hot_ids.size and not (np.all(np.diff(hot_ids) > 0) and 0 <= hot_ids[0]
                              and hot_ids[-1] < table.shape[0]):
@@ -77,9 +77,11 @@ def start(table: jax.Array, hot_ids: np.ndarray) -> dict:
     num_rows = table.shape[0]
     slot = jnp.full((num_rows,), -1, jnp.int32).at[hot_ids].set(
         jnp.arange(hot_ids.shape[0], dtype=jnp.int32), **_DISTINCT)
-    return {"table": table, "hot_ids": hot_ids, "slot": slot,
-            "hot": pp.gather_from_host(table, hot_ids, **_DISTINCT),
-            "owner": jnp.full((num_rows,), -1, jnp.int32), "step": jnp.ones((), jnp.int32)}
+    state = {"table": table, "hot_ids": hot_ids, "slot": slot,
+             "hot": pp.gather_from_host(table, hot_ids, **_DISTINCT)}
+    if provider == "ours_hot_distinct":
+        state |= {"owner": jnp.full((num_rows,), -1, jnp.int32), "step": jnp.ones((), jnp.int32)}
+    return state
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -165,7 +167,7 @@ def step_fns(lr: float) -> dict:
 
     def scan(step):
         def train(state, ids, targets):
-            if step is _cold_read_once:
+            if "owner" in state:
                 state = _codes_fit(state, *ids.shape)
             return lax.scan(lambda s, xs: (step(s, *xs, lr), None), state, (ids, targets))[0]
 

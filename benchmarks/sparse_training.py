@@ -174,7 +174,7 @@ def run_provider(name: str, table: jax.Array, ids, targets, args, reference, *,
     kept = None
     hot = name in sparse_hot.PROVIDERS  # its state: the table and its device cache
     try:
-        state = sparse_hot.start(table, args.hot_ids) if hot else table
+        state = sparse_hot.start(table, args.hot_ids, name) if hot else table
         t0 = time.perf_counter()
         compiled = fn.lower(state, ids, targets).compile(args.compiler_options or None)
         record["compile_s"] = time.perf_counter() - t0

@@ -59,7 +59,7 @@ def test_each_provider_trains_as_the_device_table_whatever_the_cache_holds(provi
     want = sparse_steps.step_fns(LR)["device"](jnp.copy(table), ids, targets)
     hot_ids = sparse_hot.most_frequent(ids_np, hot_rows, ROWS)
     assert _repeats_cold_ids(ids_np, hot_ids) is (hot_rows <= 8)  # the data covers both
-    state = sparse_hot.start(_pinned(table), hot_ids)
+    state = sparse_hot.start(_pinned(table), hot_ids, provider)
     state = sparse_hot.step_fns(LR)[provider](state, ids, targets)
     assert state["hot"].sharding.memory_kind == "device"
     # The hot rows were trained on the device only: the pinned table still has their old values.
@@ -68,7 +68,10 @@ def test_each_provider_trains_as_the_device_table_whatever_the_cache_holds(provi
     got = sparse_hot.table_of(state)
     assert got.sharding.memory_kind == "pinned_host"
     np.testing.assert_allclose(_on_device(got), np.asarray(want), rtol=0, atol=1e-5)
-    assert int(state["step"]) == 1 + STEPS * (provider == "ours_hot_distinct")
+    if provider == "ours_hot_distinct":
+        assert int(state["step"]) == 1 + STEPS
+    else:  # Only the owner step keeps a scratch and a step count.
+        assert "owner" not in state and "step" not in state
 
 
 @pytest.mark.parametrize("provider", sparse_hot.PROVIDERS)
@@ -77,7 +80,7 @@ def test_a_second_scan_goes_on_from_the_first(provider):
     table, ids_np, ids, targets = _inputs()
     device = sparse_steps.step_fns(LR)["device"]
     want = device(device(jnp.copy(table), ids, targets), ids[::-1], targets)
-    state = sparse_hot.start(_pinned(table), sparse_hot.most_frequent(ids_np, 8, ROWS))
+    state = sparse_hot.start(_pinned(table), sparse_hot.most_frequent(ids_np, 8, ROWS), provider)
     train = sparse_hot.step_fns(LR)[provider]
     state = sparse_hot.flush(train(train(state, ids, targets), ids[::-1], targets))
     np.testing.assert_allclose(_on_device(state["table"]), np.asarray(want), rtol=0, atol=1e-5)
@@ -90,7 +93,8 @@ def test_the_owner_codes_restart_before_they_would_pass_int32(start_step, after)
     int32 clears the scratch and starts again at step 1, and still trains right."""
     table, ids_np, ids, targets = _inputs()
     want = sparse_steps.step_fns(LR)["device"](jnp.copy(table), ids, targets)
-    state = sparse_hot.start(_pinned(table), sparse_hot.most_frequent(ids_np, 8, ROWS))
+    state = sparse_hot.start(_pinned(table), sparse_hot.most_frequent(ids_np, 8, ROWS),
+                             "ours_hot_distinct")
     state = sparse_hot.step_fns(LR)["ours_hot_distinct"](
         state | {"step": jnp.asarray(start_step, jnp.int32)}, ids, targets)
     assert int(state["step"]) == after
@@ -107,7 +111,7 @@ def test_start_refuses_hot_ids_it_could_not_promise_sorted_and_distinct():
     table = _pinned(jnp.zeros((ROWS, DIM), jnp.float32))
     for bad in ([3, 3], [5, 2], [-1, 4], [0, ROWS]):
         with pytest.raises(ValueError, match="distinct ids in range, ascending"):
-            sparse_hot.start(table, np.array(bad, np.int32))
+            sparse_hot.start(table, np.array(bad, np.int32), "ours_hot")
 
 
 def test_the_run_fails_when_the_cache_is_never_written_back(monkeypatch, tmp_path):
