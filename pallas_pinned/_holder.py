@@ -250,7 +250,7 @@ def _fenced(devices: frozenset | None) -> bool:
 
 @functools.cache
 def _fence_on(device) -> Any:
-    sharding = jax.sharding.SingleDeviceSharding(device)
+    sharding = jax.sharding.make_single_device_sharding(device)
     return jax.jit(lambda: jnp.zeros((), jnp.int8), out_shardings=sharding)
 
 

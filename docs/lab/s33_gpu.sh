@@ -6,7 +6,8 @@
 # H200's first since session 25). H100 (the branch that ran, 15:23 UTC): the sparse
 # client graphed with caches of 2**16 rows and of 1 row (the owner step, uncached), and at
 # XLA's defaults. Each stage's tail goes to $OUT/summary.txt as it ends (a call cut short
-# still returns what finished); the logs are in $OUT/s33.tgz at the end.
+# still returns what finished); the logs are in $OUT/s33.tgz at the end. Session 34: with
+# H100_SUITE=1, an H100 runs the sparse client graphed and the GPU suite only.
 #   bash docs/lab/s33_gpu.sh
 set -u
 FINAL=${OUT:-/tmp/s33_out}
@@ -38,16 +39,17 @@ OUT=$WORK/install timeout 120 bash benchmarks/gpu_session.sh none > "$WORK/insta
 note "$WORK/install.log" 6
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fits() { [ $(( $(date +%s) - start + $1 )) -le "${BUDGET_S:-420}" ]; }  # a stage's timeout fits
+suite() {  # the GPU suite
+  OUT=$WORK/session PYTEST_ARGS="-n 8 --timeout 150" timeout 250 \
+    bash benchmarks/gpu_session.sh tests > "$WORK/tests.log" 2>&1
+  echo "tests rc=$?" >> "$WORK/tests.log"
+  note "$WORK/tests.log" 8
+}
 sparse graphs $G
 if [[ $gpu == *H200* ]]; then
   fits 150 && sparse defaults
   fits 150 && sparse hot1048576 $G --hot-rows 1048576
-  if fits 250; then
-    OUT=$WORK/session PYTEST_ARGS="-n 8 --timeout 150" timeout 250 \
-      bash benchmarks/gpu_session.sh tests > "$WORK/tests.log" 2>&1
-    echo "tests rc=$?" >> "$WORK/tests.log"
-    note "$WORK/tests.log" 8
-  fi
+  fits 250 && suite
   left=$(( ${BUDGET_S:-420} - ($(date +%s) - start) ))
   if [ "$left" -gt 180 ]; then  # the quick loop grid graphed, in what time is left
     OUT=$WORK/loop LOOP_ARGS="--quick --backends pallas --time-budget-s $(( left - 90 ))" \
@@ -55,6 +57,8 @@ if [[ $gpu == *H200* ]]; then
     echo "loop rc=$?" >> "$WORK/loop.log"
     note "$WORK/loop.log" 50
   fi
+elif [ -n "${H100_SUITE:-}" ]; then  # session 34: the GPU suite only (the holder's fence)
+  fits 250 && suite
 else
   fits 150 && sparse hot1 $G --hot-rows 1
   fits 150 && sparse defaults
