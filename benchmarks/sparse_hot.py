@@ -7,7 +7,7 @@ array; a step reads and updates those there, and only its other ids (the cold on
 touch the pinned table. Zipf ids repeat on a few rows, so a small cache takes most of
 a step's entries, and the rows that cross PCIe drop with it (printed by the run).
 
-Two providers, the same cache, two ways of writing the cold rows:
+Three providers of the same cache:
 
 * ``ours_hot``: the cold ids through ``gather_from_host`` and ``scatter_add_to_host``
   (the hot entries turned into distinct out-of-range ids, which move nothing), so the
@@ -23,7 +23,16 @@ Two providers, the same cache, two ways of writing the cold rows:
   each entry takes its owner's value, the owners' sums of the updates come from a
   device scatter-add (XLA's atomics, in no fixed order, as the device table's own add),
   and the new rows are written with ``scatter_to_host`` promised unique. No second read
-  of the rows and no ordering.
+  of the rows and no ordering;
+* ``ours_hot_merged``: ``ours_hot_distinct`` with one int32 array as long as the table,
+  ``code``, for both the slots and the owner codes: a hot id's code is ``hot_base + slot``,
+  ``hot_base = 2**31 - hot rows``, above every step's code, so a step's one
+  ``code.at[ids].max(step * batch + entry)`` leaves hot codes alone, and one gather of
+  ``code`` gives each entry its slot (code >= hot_base) or its owner. One scatter-max and
+  one gather where ``ours_hot_distinct`` has two gathers and a scatter-max: about one kernel
+  less, 1-2 us graphed (UNMEASURED). Step codes stay below ``hot_base``, up to step
+  ``hot_base // batch - 1`` (524,223 at 4096 ids and 2**18 hot rows); the guard's restart
+  sets the cold codes back to -1 and keeps the hot ones.
 
 The hot rows' updates are XLA's scatter-add on the device array, as in the device
 table. :func:`flush` writes the hot rows back into the pinned table, as a client does
@@ -44,7 +53,7 @@ import pallas_pinned as pp
 from benchmarks.sparse_steps import _loss
 
 PROFILE_STEPS = 1024  # the profile window: about 4 M ids at 4096 a step
-PROVIDERS = ("ours_hot", "ours_hot_distinct")
+PROVIDERS = ("ours_hot", "ours_hot_distinct", "ours_hot_merged")
 _DISTINCT = {"unique_indices": True, "indices_are_sorted": True}
 
 
@@ -62,11 +71,24 @@ def cold_stats(ids: np.ndarray, hot_ids: np.ndarray) -> dict:
     return {"hot_entry_fraction": float(is_hot.mean()), "cold_distinct_mean": float(np.mean(cold))}
 
 
+def hot_base(num_hot: int) -> int:
+    """``ours_hot_merged``'s code of slot 0: the hot codes are the top ``num_hot`` of int32."""
+    return 2**31 - num_hot
+
+
+def _coded(num_rows: int, hot_ids: jax.Array, first: int) -> jax.Array:
+    """Each id's code: ``first + slot`` for a hot id, -1 for a cold one."""
+    return jnp.full((num_rows,), -1, jnp.int32).at[hot_ids].set(
+        first + jnp.arange(hot_ids.shape[0], dtype=jnp.int32), **_DISTINCT)
+
+
 def start(table: jax.Array, hot_ids: np.ndarray, provider: str) -> dict:
     """``provider``'s state: the pinned table, the hot rows copied to the device (in the
     order of ``hot_ids``, ascending) and each id's hot slot (-1: cold); for
-    ``ours_hot_distinct`` also the owner scratch and the step its codes start from. Device
-    memory: the cache, plus one int32 array as long as the table per slots and scratch."""
+    ``ours_hot_distinct`` also the owner scratch and the step its codes start from; for
+    ``ours_hot_merged`` the slots and owner codes in one array, ``code``, and the step.
+    Device memory: the cache, plus one int32 array as long as the table per slots, scratch
+    and code."""
     hot_ids = np.asarray(hot_ids)
     if hot_ids.size and not (np.all(np.diff(hot_ids) > 0) and 0 <= hot_ids[0]
                              and hot_ids[-1] < table.shape[0]):
@@ -75,10 +97,12 @@ def start(table: jax.Array, hot_ids: np.ndarray, provider: str) -> dict:
     device = jax.sharding.make_single_device_sharding(next(iter(table.devices())))
     hot_ids = jax.device_put(hot_ids, device)
     num_rows = table.shape[0]
-    slot = jnp.full((num_rows,), -1, jnp.int32).at[hot_ids].set(
-        jnp.arange(hot_ids.shape[0], dtype=jnp.int32), **_DISTINCT)
-    state = {"table": table, "hot_ids": hot_ids, "slot": slot,
+    state = {"table": table, "hot_ids": hot_ids,
              "hot": pp.gather_from_host(table, hot_ids, **_DISTINCT)}
+    if provider == "ours_hot_merged":
+        return state | {"code": _coded(num_rows, hot_ids, hot_base(hot_ids.shape[0])),
+                        "step": jnp.ones((), jnp.int32)}
+    state["slot"] = _coded(num_rows, hot_ids, 0)
     if provider == "ours_hot_distinct":
         state |= {"owner": jnp.full((num_rows,), -1, jnp.int32), "step": jnp.ones((), jnp.int32)}
     return state
@@ -126,40 +150,71 @@ def _cold_by_ops(state: dict, i, t, lr: float) -> dict:
                     "table": pp.scatter_add_to_host(table, cold, update, mode="drop")}
 
 
-def _cold_read_once(state: dict, i, t, lr: float) -> dict:
-    """``ours_hot_distinct``'s step: each cold row read once and set once (module doc)."""
+def _write_owned(state: dict, ids, t, lr: float, slot, is_hot, owner_entry) -> dict:
+    """The read-once steps' rest, once each entry's owner is known (``owner_entry``; not
+    ``entry`` for a hot entry): owners read their row from ``ids``, every entry takes its
+    owner's value, the owners' sums of the updates are added on the device, and the new
+    rows are written once (module doc)."""
     table = state["table"]
-    num_rows = table.shape[0]
-    slot, is_hot, entry, cold = _split(state, i)
-    base = state["step"] * i.shape[0]  # this step's codes are base + entry (module doc)
-    owner = state["owner"].at[cold].max(base + entry, mode="drop")
-    # Each cold entry's owner: the last entry of its id (negative for a hot entry).
-    owner_entry = owner.at[cold].get(mode="fill", fill_value=-1) - base
-    reads = jnp.where(owner_entry == entry, cold, num_rows + entry)  # each cold row once
+    num_rows, batch = table.shape[0], ids.shape[0]
+    entry = jnp.arange(batch, dtype=ids.dtype)
+    reads = jnp.where(owner_entry == entry, ids, num_rows + entry)  # each cold row once
     values = pp.gather_from_host(table, reads, mode="fill", fill_value=0, unique_indices=True)
     update = _rows_and_update(state["hot"], slot, is_hot, values[jnp.maximum(owner_entry, 0)],
                               t, lr, table.dtype)
-    sums = jnp.zeros_like(values).at[jnp.where(is_hot, i.shape[0], owner_entry)].add(
+    sums = jnp.zeros_like(values).at[jnp.where(is_hot, batch, owner_entry)].add(
         update, mode="drop")
     return state | {
         "hot": _add_hot(state["hot"], slot, is_hot, update),
         "table": pp.scatter_to_host(table, reads, values + sums, mode="drop",
                                     unique_indices=True),
-        "owner": owner, "step": state["step"] + 1}
+        "step": state["step"] + 1}
+
+
+def _cold_read_once(state: dict, i, t, lr: float) -> dict:
+    """``ours_hot_distinct``'s step: each cold row read once and set once (module doc)."""
+    slot, is_hot, entry, cold = _split(state, i)
+    base = state["step"] * i.shape[0]  # this step's codes are base + entry (module doc)
+    owner = state["owner"].at[cold].max(base + entry, mode="drop")
+    # Each cold entry's owner: the last entry of its id (negative for a hot entry).
+    owner_entry = owner.at[cold].get(mode="fill", fill_value=-1) - base
+    return _write_owned(state | {"owner": owner}, cold, t, lr, slot, is_hot, owner_entry)
+
+
+def _merged_read_once(state: dict, i, t, lr: float) -> dict:
+    """``ours_hot_merged``'s step: ``ours_hot_distinct``'s, its slots and owners read from
+    one scatter-max and one gather of ``code`` (module doc)."""
+    entry = jnp.arange(i.shape[0], dtype=i.dtype)
+    base = state["step"] * i.shape[0]
+    # A hot id's code is above every step's: the max leaves it, no out-of-range ids needed.
+    code = state["code"].at[i].max(base + entry)
+    got = code[i]
+    first = hot_base(state["hot"].shape[0])
+    is_hot = got >= first
+    owner_entry = jnp.where(is_hot, -1, got - base)  # -1: a hot entry owns no cold row
+    return _write_owned(state | {"code": code}, i, t, lr, got - first, is_hot, owner_entry)
 
 
 def _codes_fit(state: dict, steps: int, batch: int) -> dict:
-    """The state with room for ``steps`` more steps of codes in int32: the scratch cleared
-    and the step back at 1 where the scan would pass the last step that fits. Done once,
-    before the scan's loop, so the steps themselves stay as measured."""
-    last = 2**31 // batch - 1  # codes reach (step + 1) * batch - 1, at most 2**31 - 1
+    """The state with room for ``steps`` more steps of codes below their top (int32's
+    2**31, or ``ours_hot_merged``'s hot codes): the cold codes back to -1 and the step back
+    at 1 where the scan would pass the last step that fits. Done once, before the scan's
+    loop, so the steps themselves stay as measured."""
+    merged = "code" in state
+    top = hot_base(state["hot"].shape[0]) if merged else 2**31
+    last = top // batch - 1  # codes reach (step + 1) * batch - 1, at most top - 1
     if steps > last:
         raise ValueError(f"a scan of {steps} steps of {batch} ids passes int32's codes; "
                          f"split it into scans of at most {last} steps")
-    owner, step = lax.cond(state["step"] + steps - 1 > last,
-                           lambda o, s: (jnp.full_like(o, -1), jnp.ones_like(s)),
-                           lambda o, s: (o, s), state["owner"], state["step"])
-    return state | {"owner": owner, "step": step}
+    key = "code" if merged else "owner"
+    # Cold codes go back to -1, below any step's; the merged array's hot codes are its
+    # slots and stay (the owner scratch holds no hot code).
+    restart = ((lambda c: jnp.where(c >= top, c, -1)) if merged
+               else (lambda c: jnp.full_like(c, -1)))
+    codes, step = lax.cond(state["step"] + steps - 1 > last,
+                           lambda c, s: (restart(c), jnp.ones_like(s)),
+                           lambda c, s: (c, s), state[key], state["step"])
+    return state | {key: codes, "step": step}
 
 
 def step_fns(lr: float) -> dict:
@@ -167,10 +222,11 @@ def step_fns(lr: float) -> dict:
 
     def scan(step):
         def train(state, ids, targets):
-            if "owner" in state:
+            if "step" in state:  # the read-once providers' codes
                 state = _codes_fit(state, *ids.shape)
             return lax.scan(lambda s, xs: (step(s, *xs, lr), None), state, (ids, targets))[0]
 
         return jax.jit(train, donate_argnums=0)
 
-    return {"ours_hot": scan(_cold_by_ops), "ours_hot_distinct": scan(_cold_read_once)}
+    return {"ours_hot": scan(_cold_by_ops), "ours_hot_distinct": scan(_cold_read_once),
+            "ours_hot_merged": scan(_merged_read_once)}

@@ -4,6 +4,8 @@ Each provider trains as the device table does, whatever the cache holds; the hot
 rows live in device memory and reach the pinned table only when flushed.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,10 +70,12 @@ def test_each_provider_trains_as_the_device_table_whatever_the_cache_holds(provi
     got = sparse_hot.table_of(state)
     assert got.sharding.memory_kind == "pinned_host"
     np.testing.assert_allclose(_on_device(got), np.asarray(want), rtol=0, atol=1e-5)
-    if provider == "ours_hot_distinct":
+    # Only the read-once steps keep codes and a step count; merged keeps them in one array.
+    assert set(state) == {"table", "hot_ids", "hot"} | {
+        "ours_hot": {"slot"}, "ours_hot_distinct": {"slot", "owner", "step"},
+        "ours_hot_merged": {"code", "step"}}[provider]
+    if provider != "ours_hot":
         assert int(state["step"]) == 1 + STEPS
-    else:  # Only the owner step keeps a scratch and a step count.
-        assert "owner" not in state and "step" not in state
 
 
 @pytest.mark.parametrize("provider", sparse_hot.PROVIDERS)
@@ -86,25 +90,80 @@ def test_a_second_scan_goes_on_from_the_first(provider):
     np.testing.assert_allclose(_on_device(state["table"]), np.asarray(want), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("start_step, after", [(2**31 // BATCH - STEPS, 2**31 // BATCH),
-                                               (2**31 // BATCH - STEPS + 1, 1 + STEPS)])
-def test_the_owner_codes_restart_before_they_would_pass_int32(start_step, after):
+READ_ONCE = ("ours_hot_distinct", "ours_hot_merged")  # the providers with codes
+
+
+def _last_step(provider: str, hot_rows: int) -> int:
+    """The last step whose codes fit: merged's stay below its hot codes, num_hot lower."""
+    top = sparse_hot.hot_base(hot_rows) if provider == "ours_hot_merged" else 2**31
+    return top // BATCH - 1
+
+
+@pytest.mark.parametrize("provider", READ_ONCE)
+@pytest.mark.parametrize("restarts", [False, True])
+def test_the_owner_codes_restart_before_they_would_pass_int32(provider, restarts):
     """Codes are ``step * batch + entry``: a scan that would pass the last step that fits
-    int32 clears the scratch and starts again at step 1, and still trains right."""
+    (int32's, or below merged's hot codes) restarts the codes at step 1, and still trains
+    right. A scan ending at the last step runs on: its last codes come within a step of
+    the top (merged: an entry coded past it would be taken for a hot one)."""
     table, ids_np, ids, targets = _inputs()
     want = sparse_steps.step_fns(LR)["device"](jnp.copy(table), ids, targets)
-    state = sparse_hot.start(_pinned(table), sparse_hot.most_frequent(ids_np, 8, ROWS),
-                             "ours_hot_distinct")
-    state = sparse_hot.step_fns(LR)["ours_hot_distinct"](
+    last = _last_step(provider, 8)
+    assert last == {"ours_hot_distinct": 33554431, "ours_hot_merged": 33554430}[provider]
+    start_step = last - STEPS + 1 + restarts
+    state = sparse_hot.start(_pinned(table), sparse_hot.most_frequent(ids_np, 8, ROWS), provider)
+    state = sparse_hot.step_fns(LR)[provider](
         state | {"step": jnp.asarray(start_step, jnp.int32)}, ids, targets)
-    assert int(state["step"]) == after
+    assert int(state["step"]) == (1 + STEPS if restarts else last + 1)
     state = sparse_hot.flush(state)
     np.testing.assert_allclose(_on_device(state["table"]), np.asarray(want), rtol=0, atol=1e-5)
 
 
-def test_a_scan_longer_than_the_codes_allow_is_refused():
-    with pytest.raises(ValueError, match="split it into scans of at most 33554431 steps"):
-        sparse_hot._codes_fit({}, 2**31 // 64, 64)
+@pytest.mark.parametrize("provider", READ_ONCE)
+def test_a_scan_longer_than_the_codes_allow_is_refused(provider):
+    state = sparse_hot.start(_pinned(jnp.zeros((ROWS, DIM), jnp.float32)), np.arange(8), provider)
+    last = _last_step(provider, 8)
+    with pytest.raises(ValueError, match=f"split it into scans of at most {last} steps"):
+        sparse_hot._codes_fit(state, last + 1, BATCH)
+    sparse_hot._codes_fit(state, last, BATCH)  # the longest scan that fits is let through
+
+
+@pytest.mark.parametrize("provider", sparse_hot.PROVIDERS)
+def test_the_scan_copies_no_array_as_long_as_the_table(provider):
+    """No copy, of any form, whose result is as long as the table in the CPU HLO: the codes
+    and slots stay in place from step to step (sparse_hot's doc), and merged's restart
+    (a ``where`` keeping the hot codes) adds none."""
+    table, ids_np, ids, targets = _inputs()
+    state = sparse_hot.start(_pinned(table), sparse_hot.most_frequent(ids_np, 8, ROWS), provider)
+    hlo = sparse_hot.step_fns(LR)[provider].lower(state, ids, targets).compile().as_text()
+    whole = [line for line in hlo.splitlines()
+             if re.search(rf"= [a-z]\w*\[{ROWS}[,\]]\S* .*copy", line)]
+    assert not whole, whole
+
+
+def _merged_codes_keep_their_hot_slots(state, hot_ids, seen):
+    """Hot ids: ``hot_base + slot``; cold ids: -1, or a step code below ``hot_base``."""
+    code = np.asarray(state["code"])
+    base = sparse_hot.hot_base(hot_ids.size)
+    np.testing.assert_array_equal(code[hot_ids], base + np.arange(hot_ids.size))
+    cold = np.setdiff1d(np.arange(ROWS), hot_ids)
+    assert np.all(code[cold] < base)
+    np.testing.assert_array_equal(code[cold] >= 0, np.isin(cold, seen))
+
+
+def test_a_hot_id_never_loses_its_code_across_steps_and_the_restart():
+    table, ids_np, ids, targets = _inputs()
+    hot_ids = sparse_hot.most_frequent(ids_np, 8, ROWS)
+    train = sparse_hot.step_fns(LR)["ours_hot_merged"]
+    state = sparse_hot.start(_pinned(table), hot_ids, "ours_hot_merged")
+    _merged_codes_keep_their_hot_slots(state, hot_ids, [])
+    state = train(state, ids, targets)  # the max of a hot entry leaves its code
+    _merged_codes_keep_their_hot_slots(state, hot_ids, ids_np)
+    # A step past the last that fits: the restart clears the cold codes only.
+    state = train(state | {"step": jnp.asarray(_last_step("ours_hot_merged", 8) + 1, jnp.int32)},
+                  ids[:1], targets[:1])
+    assert int(state["step"]) == 2
+    _merged_codes_keep_their_hot_slots(state, hot_ids, ids_np[0])
 
 
 def test_start_refuses_hot_ids_it_could_not_promise_sorted_and_distinct():
@@ -127,13 +186,16 @@ def test_the_run_fails_when_the_cache_is_never_written_back(monkeypatch, tmp_pat
 def test_no_verdict_where_the_cache_holds_every_row():
     found = [{"provider": p, "status": "ok", "correct": True, "us_per_step": us,
               "is_reference": p == "device"} for p, us in
-             [("device", 10.0), ("ours_hot", 15.0), ("ours_hot_distinct", 30.0)]]
+             [("device", 10.0), ("ours_hot", 15.0), ("ours_hot_distinct", 30.0),
+              ("ours_hot_merged", 25.0)]]
     lines = sparse_training.summarize(found, 20.0, cache_holds_table=True)["lines"]
     hot_lines = [line for line in lines if line.startswith("ours_hot")]
     assert hot_lines == [
         "ours_hot (hot rows in device memory) / device table: 1.50x (the cache holds every row: "
         "no verdict)",
         "ours_hot_distinct (hot rows in device memory) / device table: 3.00x (the cache holds "
+        "every row: no verdict)",
+        "ours_hot_merged (hot rows in device memory) / device table: 2.50x (the cache holds "
         "every row: no verdict)"]
     cached = sparse_training.summarize(found, 20.0)["lines"]
     assert "ours_hot_distinct (hot rows in device memory) / device table: 3.00x (target within " \
