@@ -8,7 +8,7 @@
 # XLA's defaults. Each stage's tail goes to $OUT/summary.txt as it ends (a call cut short
 # still returns what finished); the logs are in $OUT/s33.tgz at the end. Session 34: with
 # H100_SUITE=1, an H100 runs the sparse client graphed, the GPU suite, and the client
-# with caches of 2**20 rows and of every row.
+# with caches of 2**20 and 2**21 rows and of every row.
 #   bash docs/lab/s33_gpu.sh
 set -u
 FINAL=${OUT:-/tmp/s33_out}
@@ -61,6 +61,7 @@ if [[ $gpu == *H200* ]]; then
 elif [ -n "${H100_SUITE:-}" ]; then  # session 34: the holder's fence, and ours_hot_merged
   fits 250 && suite
   fits 150 && sparse hot1048576 $G --hot-rows 1048576
+  fits 150 && sparse hot2097152 $G --hot-rows 2097152
   fits 150 && sparse hotall $G --hot-rows 8388608
 else
   fits 150 && sparse hot1 $G --hot-rows 1
