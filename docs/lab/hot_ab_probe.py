@@ -1,0 +1,134 @@
+"""Session 34's A/B of the sparse client's two read-once caches, interleaved (GPU; lab, not CI).
+
+``benchmarks.sparse_training`` times each provider's five scans back to back, one provider
+after another, and on the H100 of 16:38 UTC its cached providers moved by up to 7 µs between
+runs. Here the device table, ``ours_hot_distinct`` and ``ours_hot_merged`` take turns, one
+scan each per round, for ``--rounds`` rounds at each cache size, graphed. At the end each
+table (hot rows flushed) is checked against the device table's after the same scans.
+
+Then the scatter-max's contention: ``ours_hot_merged`` scatters every entry's code, the hot
+ones included (their codes never change, but each is an atomic max, and Zipf ids repeat on
+the hottest rows), where ``ours_hot_distinct`` drops the hot entries as out-of-range ids.
+Timed alone in a scan over a table-long int32 array: the step's real ids, the same ids
+sent out of range, and a gather of the ids for scale.
+
+    python docs/lab/hot_ab_probe.py [--rounds 9] [--hot-rows 262144 1048576 8388608]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks import sparse_hot, sparse_steps, sparse_training  # noqa: E402
+
+GRAPHS = {"xla_gpu_graph_min_graph_size": 1}
+CACHED = ("ours_hot_distinct", "ours_hot_merged")
+
+
+def timed_scan(compiled, state, ids, targets):
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(compiled(state, ids, targets))
+    return state, (time.perf_counter() - t0) * 1e6 / ids.shape[0]
+
+
+def ab(table0, ids, targets, hot_ids, rounds: int, lr: float) -> dict:
+    pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
+    fns = sparse_steps.step_fns(lr) | sparse_hot.step_fns(lr)
+    states = {"device": jnp.copy(table0)}
+    for name in CACHED:
+        states[name] = sparse_hot.start(jax.device_put(table0, pinned), hot_ids, name)
+    compiled = {name: fns[name].lower(state, ids, targets).compile(GRAPHS)
+                for name, state in states.items()}
+    times = {name: [] for name in states}
+    for name in states:  # warm-up, untimed
+        states[name] = jax.block_until_ready(compiled[name](states[name], ids, targets))
+    for _ in range(rounds):
+        for name in states:
+            states[name], us = timed_scan(compiled[name], states[name], ids, targets)
+            times[name].append(us)
+    want = states["device"]
+    out = {}
+    for name, us in times.items():
+        diff = 0.0
+        if name != "device":
+            got = sparse_hot.table_of(sparse_hot.flush(states[name]))
+            diff = sparse_training.max_abs_diff(got, want)
+        out[name] = {"median": statistics.median(us), "min": min(us), "max": max(us),
+                     "max_abs_diff": diff}
+    return out
+
+
+def contention(ids, num_rows: int, rounds: int) -> dict:
+    """µs per step of a scatter-max of codes into a table-long int32 array, and a gather."""
+    steps, batch = ids.shape
+    entry = jnp.arange(batch, dtype=jnp.int32)
+
+    def scan(body):
+        def run(code, ids):
+            return lax.scan(lambda c, xs: (body(c, *xs), None), code,
+                            (ids, jnp.arange(1, steps + 1, dtype=jnp.int32)))[0]
+        return jax.jit(run, donate_argnums=0)
+
+    bodies = {
+        "scatter-max, the step's ids": lambda c, i, s: c.at[i].max(s * batch + entry),
+        "scatter-max, the ids out of range": lambda c, i, s: c.at[i + num_rows].max(
+            s * batch + entry, mode="drop"),
+        "gather of the ids (into the code)": lambda c, i, s: c.at[i[0]].add(jnp.sum(c[i])),
+    }
+    out = {}
+    for name, body in bodies.items():
+        code = jnp.full((num_rows,), -1, jnp.int32)
+        compiled = scan(body).lower(code, ids).compile(GRAPHS)
+        code = jax.block_until_ready(compiled(code, ids))
+        us = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            code = jax.block_until_ready(compiled(code, ids))
+            us.append((time.perf_counter() - t0) * 1e6 / steps)
+        out[name] = {"median": statistics.median(us), "min": min(us), "max": max(us)}
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--hot-rows", type=int, nargs="+", default=[1 << 18, 1 << 20, 8 << 20])
+    cli = p.parse_args()
+    print(jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
+    worst = 0.0
+    for hot_rows in cli.hot_rows:
+        args = sparse_training.parse_args(["--hot-rows", str(hot_rows)])
+        table0, ids, targets, ids_np, hot_ids = sparse_training.make_inputs(args)
+        stats = sparse_hot.cold_stats(ids_np, hot_ids)
+        print(f"\n{hot_rows} hot rows: {stats['hot_entry_fraction']:.1%} of the entries hot, "
+              f"{stats['cold_distinct_mean']:.0f} distinct cold ids a step; {cli.rounds} "
+              "rounds, graphed, us/step", flush=True)
+        results = ab(table0, ids, targets, hot_ids, cli.rounds, args.lr)
+        device = results["device"]["median"]
+        for name, r in results.items():
+            worst = max(worst, r["max_abs_diff"])
+            print(f"  {name:20s} {r['median']:7.1f} (min {r['min']:.1f}, max {r['max']:.1f})"
+                  f"  {r['median'] / device:5.2f}x device  max|diff| {r['max_abs_diff']:.2e}",
+                  flush=True)
+        if hot_rows == cli.hot_rows[0]:
+            print("  contention, one op in a scan of the same ids:", flush=True)
+            for name, r in contention(ids, args.rows, cli.rounds).items():
+                print(f"  {name:36s} {r['median']:6.2f} (min {r['min']:.2f}, max "
+                      f"{r['max']:.2f})", flush=True)
+    ok = worst <= 1e-5
+    print(f"\nchecked against the device table: max|diff| {worst:.2e}: "
+          + ("ok" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
