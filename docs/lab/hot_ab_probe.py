@@ -9,8 +9,9 @@ table (hot rows flushed) is checked against the device table's after the same sc
 Then the scatter-max's contention: ``ours_hot_merged`` scatters every entry's code, the hot
 ones included (their codes never change, but each is an atomic max, and Zipf ids repeat on
 the hottest rows), where ``ours_hot_distinct`` drops the hot entries as out-of-range ids.
-Timed alone in a scan over a table-long int32 array: the step's real ids, the same ids
-sent out of range, and a gather of the ids for scale.
+Timed alone in a scan over a table-long int32 array: the step's real ids (merged's), the
+hot ids sent out of range (distinct's), all ids out of range, and a gather of the ids for
+scale. Session 34's second run alternates the providers' order round by round.
 
     python docs/lab/hot_ab_probe.py [--rounds 9] [--hot-rows 262144 1048576 8388608]
 """
@@ -51,8 +52,9 @@ def ab(table0, ids, targets, hot_ids, rounds: int, lr: float) -> dict:
     times = {name: [] for name in states}
     for name in states:  # warm-up, untimed
         states[name] = jax.block_until_ready(compiled[name](states[name], ids, targets))
-    for _ in range(rounds):
-        for name in states:
+    for round_ in range(rounds):
+        # The order alternates (A B C, C B A, ...) so no provider always runs after another.
+        for name in (list(states) if round_ % 2 == 0 else list(states)[::-1]):
             states[name], us = timed_scan(compiled[name], states[name], ids, targets)
             times[name].append(us)
     want = states["device"]
@@ -67,32 +69,35 @@ def ab(table0, ids, targets, hot_ids, rounds: int, lr: float) -> dict:
     return out
 
 
-def contention(ids, num_rows: int, rounds: int) -> dict:
+def contention(ids, hot_ids, num_rows: int, rounds: int) -> dict:
     """µs per step of a scatter-max of codes into a table-long int32 array, and a gather."""
     steps, batch = ids.shape
     entry = jnp.arange(batch, dtype=jnp.int32)
+    cold = jnp.where(jnp.isin(ids, jnp.asarray(hot_ids)), ids + num_rows, ids)
 
     def scan(body):
-        def run(code, ids):
+        def run(code, ids, cold):
             return lax.scan(lambda c, xs: (body(c, *xs), None), code,
-                            (ids, jnp.arange(1, steps + 1, dtype=jnp.int32)))[0]
+                            (ids, cold, jnp.arange(1, steps + 1, dtype=jnp.int32)))[0]
         return jax.jit(run, donate_argnums=0)
 
-    bodies = {
-        "scatter-max, the step's ids": lambda c, i, s: c.at[i].max(s * batch + entry),
-        "scatter-max, the ids out of range": lambda c, i, s: c.at[i + num_rows].max(
+    bodies = {  # merged's scatter; distinct's (hot entries dropped); none of it
+        "scatter-max, the step's ids": lambda c, i, k, s: c.at[i].max(s * batch + entry),
+        "scatter-max, hot ids out of range": lambda c, i, k, s: c.at[k].max(
             s * batch + entry, mode="drop"),
-        "gather of the ids (into the code)": lambda c, i, s: c.at[i[0]].add(jnp.sum(c[i])),
+        "scatter-max, all ids out of range": lambda c, i, k, s: c.at[i + num_rows].max(
+            s * batch + entry, mode="drop"),
+        "gather of the ids (into the code)": lambda c, i, k, s: c.at[i[0]].add(jnp.sum(c[i])),
     }
     out = {}
     for name, body in bodies.items():
         code = jnp.full((num_rows,), -1, jnp.int32)
-        compiled = scan(body).lower(code, ids).compile(GRAPHS)
-        code = jax.block_until_ready(compiled(code, ids))
+        compiled = scan(body).lower(code, ids, cold).compile(GRAPHS)
+        code = jax.block_until_ready(compiled(code, ids, cold))
         us = []
         for _ in range(rounds):
             t0 = time.perf_counter()
-            code = jax.block_until_ready(compiled(code, ids))
+            code = jax.block_until_ready(compiled(code, ids, cold))
             us.append((time.perf_counter() - t0) * 1e6 / steps)
         out[name] = {"median": statistics.median(us), "min": min(us), "max": max(us)}
     return out
@@ -121,7 +126,7 @@ def main() -> int:
                   flush=True)
         if hot_rows == cli.hot_rows[0]:
             print("  contention, one op in a scan of the same ids:", flush=True)
-            for name, r in contention(ids, args.rows, cli.rounds).items():
+            for name, r in contention(ids, hot_ids, args.rows, cli.rounds).items():
                 print(f"  {name:36s} {r['median']:6.2f} (min {r['min']:.2f}, max "
                       f"{r['max']:.2f})", flush=True)
     ok = worst <= 1e-5

@@ -4,8 +4,9 @@ With every row cached, ``ours_hot_distinct`` moves no row over PCIe, yet its ste
 9 µs more than the device table's (PERFORMANCE.md, "A device cache of the hot rows"). This
 probe traces a few scans of each provider with ``jax.profiler`` and lists the GPU's
 activities per step from the trace (``jax.profiler.ProfileData``): how many kernels and
-copies, their summed time, and the biggest by name, beside the step's wall time. Plain
-launches (no CUDA graph) so each kernel shows; the wall times are also given graphed.
+copies, their summed time, and the biggest by name, beside the step's wall time. Traced
+with command buffers off (``xla_gpu_enable_command_buffer`` empty: each kernel launched by
+itself), so each kernel shows; the wall times are also given graphed.
 
     python docs/lab/step_kernels_probe.py [--hot-rows 8388608 262144] [--scans 3]
 """
@@ -29,6 +30,7 @@ from benchmarks import sparse_hot, sparse_steps, sparse_training  # noqa: E402
 
 PROVIDERS = ("device", "ours_hot", "ours_hot_distinct", "ours_hot_merged")
 GRAPHS = {"xla_gpu_graph_min_graph_size": 1}
+PLAIN = {"xla_gpu_enable_command_buffer": ""}
 
 
 def fresh_state(name, table0, hot_ids):
@@ -66,7 +68,11 @@ def gpu_activities(trace_dir: str) -> tuple[list, list]:
 def profile(name, table0, ids, targets, hot_ids, scans: int, lr: float) -> None:
     fn = (sparse_steps.step_fns(lr) | sparse_hot.step_fns(lr))[name]
     state = fresh_state(name, table0, hot_ids)
-    plain = fn.lower(state, ids, targets).compile()
+    try:  # no command buffers: each kernel launched alone (XLA's defaults graph 5+ kernels)
+        plain = fn.lower(state, ids, targets).compile(PLAIN)
+    except Exception as e:  # noqa: BLE001 - an XLA without the option: say so, use defaults
+        print(f"    {PLAIN} refused ({type(e).__name__}): XLA's defaults instead", flush=True)
+        plain = fn.lower(state, ids, targets).compile()
     state, plain_us = wall_us(plain, state, ids, targets, scans)
     graphed = fn.lower(state, ids, targets).compile(GRAPHS)
     state, graphed_us = wall_us(graphed, state, ids, targets, scans)
