@@ -14,12 +14,13 @@ Three providers of the same cache:
   add orders the step's entries and sums repeated rows in its fixed order;
 * ``ours_hot_distinct``: each cold row read once and set once. A device scratch the
   length of the table (int32) finds each cold id's last entry, its owner:
-  ``scratch.at[ids].max(code)`` needs no sort. A step's codes are ``step * batch + entry``,
-  above every earlier step's, so the scratch is not cleared after each step (a clearing
-  scatter after the read made XLA copy the whole scratch, twice a step on CPU). Codes fit
-  int32 up to step ``2**31 // batch - 1`` (524,287 at 4096 ids): a scan that would pass it
-  clears the scratch and starts again from step 1 before its loop, and a scan longer than
-  that is refused. Only owners read their row;
+  ``scratch.at[ids].max(code)`` needs no sort. A step's codes are ``base + entry``, where
+  ``base`` (the state's ``next_code``) grows by each step's batch, so they are above every
+  earlier step's whatever the batch, and the scratch is not cleared after each step (a
+  clearing scatter after the read made XLA copy the whole scratch, twice a step on CPU).
+  Codes stay below ``2**31 - 1`` (524,287 steps of 4096 ids): a scan that would pass that
+  clears the scratch and starts the codes again at 0 before its loop, and a scan longer
+  than that is refused. Only owners read their row;
   each entry takes its owner's value, the owners' sums of the updates come from a
   device scatter-add (XLA's atomics, in no fixed order, as the device table's own add),
   and the new rows are written with ``scatter_to_host`` promised unique. No second read
@@ -27,12 +28,14 @@ Three providers of the same cache:
 * ``ours_hot_merged``: ``ours_hot_distinct`` with one int32 array as long as the table,
   ``code``, for both the slots and the owner codes: a hot id's code is ``hot_base + slot``,
   ``hot_base = 2**31 - hot rows``, above every step's code, so a step's one
-  ``code.at[ids].max(step * batch + entry)`` leaves hot codes alone, and one gather of
-  ``code`` gives each entry its slot (code >= hot_base) or its owner. One scatter-max and
-  one gather where ``ours_hot_distinct`` has two gathers and a scatter-max: about one kernel
-  less, 1-2 us graphed (UNMEASURED). Step codes stay below ``hot_base``, up to step
-  ``hot_base // batch - 1`` (524,223 at 4096 ids and 2**18 hot rows); the guard's restart
-  sets the cold codes back to -1 and keeps the hot ones.
+  ``code.at[ids].max(base + entry)`` leaves hot codes alone, and one gather of ``code``
+  gives each entry its slot (code >= hot_base) or its owner. One scatter-max and one
+  gather where ``ours_hot_distinct`` has two gathers and a scatter-max; but the scatter-max
+  then takes the hot entries too, as atomics that change nothing. On an H100 (session 34,
+  docs/PERFORMANCE.md) it was 0.7-1.6 us faster with partial caches and 0.7 slower with
+  every row cached. Step codes stay below ``hot_base`` (524,224 steps of 4096 ids with
+  2**18 hot rows); the guard's restart sets the cold codes back to -1 and keeps the hot
+  ones.
 
 The hot rows' updates are XLA's scatter-add on the device array, as in the device
 table. :func:`flush` writes the hot rows back into the pinned table, as a client does
@@ -85,13 +88,15 @@ def _coded(num_rows: int, hot_ids: jax.Array, first: int) -> jax.Array:
 def start(table: jax.Array, hot_ids: np.ndarray, provider: str) -> dict:
     """``provider``'s state: the pinned table, the hot rows copied to the device (in the
     order of ``hot_ids``, ascending) and each id's hot slot (-1: cold); for
-    ``ours_hot_distinct`` also the owner scratch and the step its codes start from; for
-    ``ours_hot_merged`` the slots and owner codes in one array, ``code``, and the step.
+    ``ours_hot_distinct`` also the owner scratch and ``next_code``, where the next step's
+    codes start; for ``ours_hot_merged`` the slots and owner codes in one array, ``code``,
+    and ``next_code``.
     Device memory: the cache, plus one int32 array as long as the table per slots, scratch
     and code."""
     hot_ids = np.asarray(hot_ids)
-    if hot_ids.size and not (np.all(np.diff(hot_ids) > 0) and 0 <= hot_ids[0]
-                             and hot_ids[-1] < table.shape[0]):
+    if not hot_ids.size:
+        raise ValueError("hot_ids is empty: cache at least one row (or train without a cache)")
+    if not (np.all(np.diff(hot_ids) > 0) and 0 <= hot_ids[0] and hot_ids[-1] < table.shape[0]):
         # flush and the slots promise the library sorted, distinct rows in range.
         raise ValueError("hot_ids must be distinct ids in range, ascending")
     device = jax.sharding.make_single_device_sharding(next(iter(table.devices())))
@@ -101,10 +106,11 @@ def start(table: jax.Array, hot_ids: np.ndarray, provider: str) -> dict:
              "hot": pp.gather_from_host(table, hot_ids, **_DISTINCT)}
     if provider == "ours_hot_merged":
         return state | {"code": _coded(num_rows, hot_ids, hot_base(hot_ids.shape[0])),
-                        "step": jnp.ones((), jnp.int32)}
+                        "next_code": jnp.zeros((), jnp.int32)}
     state["slot"] = _coded(num_rows, hot_ids, 0)
     if provider == "ours_hot_distinct":
-        state |= {"owner": jnp.full((num_rows,), -1, jnp.int32), "step": jnp.ones((), jnp.int32)}
+        state |= {"owner": jnp.full((num_rows,), -1, jnp.int32),
+                  "next_code": jnp.zeros((), jnp.int32)}
     return state
 
 
@@ -168,13 +174,13 @@ def _write_owned(state: dict, ids, t, lr: float, slot, is_hot, owner_entry) -> d
         "hot": _add_hot(state["hot"], slot, is_hot, update),
         "table": pp.scatter_to_host(table, reads, values + sums, mode="drop",
                                     unique_indices=True),
-        "step": state["step"] + 1}
+        "next_code": state["next_code"] + batch}
 
 
 def _cold_read_once(state: dict, i, t, lr: float) -> dict:
     """``ours_hot_distinct``'s step: each cold row read once and set once (module doc)."""
     slot, is_hot, entry, cold = _split(state, i)
-    base = state["step"] * i.shape[0]  # this step's codes are base + entry (module doc)
+    base = state["next_code"]  # this step's codes are base + entry (module doc)
     owner = state["owner"].at[cold].max(base + entry, mode="drop")
     # Each cold entry's owner: the last entry of its id (negative for a hot entry).
     owner_entry = owner.at[cold].get(mode="fill", fill_value=-1) - base
@@ -185,7 +191,7 @@ def _merged_read_once(state: dict, i, t, lr: float) -> dict:
     """``ours_hot_merged``'s step: ``ours_hot_distinct``'s, its slots and owners read from
     one scatter-max and one gather of ``code`` (module doc)."""
     entry = jnp.arange(i.shape[0], dtype=i.dtype)
-    base = state["step"] * i.shape[0]
+    base = state["next_code"]
     # A hot id's code is above every step's: the max leaves it, no out-of-range ids needed.
     code = state["code"].at[i].max(base + entry)
     got = code[i]
@@ -195,26 +201,31 @@ def _merged_read_once(state: dict, i, t, lr: float) -> dict:
     return _write_owned(state | {"code": code}, i, t, lr, got - first, is_hot, owner_entry)
 
 
+def code_top(state: dict) -> int:
+    """One past the highest step code: merged's hot codes start there; ``ours_hot_distinct``'s
+    stops at int32's largest value, so that ``next_code`` itself stays an int32."""
+    return hot_base(state["hot"].shape[0]) if "code" in state else 2**31 - 1
+
+
 def _codes_fit(state: dict, steps: int, batch: int) -> dict:
-    """The state with room for ``steps`` more steps of codes below their top (int32's
-    2**31, or ``ours_hot_merged``'s hot codes): the cold codes back to -1 and the step back
-    at 1 where the scan would pass the last step that fits. Done once, before the scan's
-    loop, so the steps themselves stay as measured."""
-    merged = "code" in state
-    top = hot_base(state["hot"].shape[0]) if merged else 2**31
-    last = top // batch - 1  # codes reach (step + 1) * batch - 1, at most top - 1
-    if steps > last:
-        raise ValueError(f"a scan of {steps} steps of {batch} ids passes int32's codes; "
-                         f"split it into scans of at most {last} steps")
-    key = "code" if merged else "owner"
+    """The state with room for ``steps`` more steps of ``batch`` codes below
+    :func:`code_top`: the cold codes back to -1 and ``next_code`` back to 0 where the scan
+    would pass it. Done once, before the scan's loop, so the steps themselves stay as
+    measured."""
+    top, need = code_top(state), steps * batch
+    if need > top:
+        raise ValueError(f"a scan of {steps} steps of {batch} ids needs more owner codes than "
+                         f"the {top} below the top; split it into scans of at most "
+                         f"{top // batch} steps")
+    key = "code" if "code" in state else "owner"
     # Cold codes go back to -1, below any step's; the merged array's hot codes are its
     # slots and stay (the owner scratch holds no hot code).
-    restart = ((lambda c: jnp.where(c >= top, c, -1)) if merged
+    restart = ((lambda c: jnp.where(c >= top, c, -1)) if key == "code"
                else (lambda c: jnp.full_like(c, -1)))
-    codes, step = lax.cond(state["step"] + steps - 1 > last,
-                           lambda c, s: (restart(c), jnp.ones_like(s)),
-                           lambda c, s: (c, s), state[key], state["step"])
-    return state | {key: codes, "step": step}
+    codes, next_code = lax.cond(state["next_code"] > top - need,
+                                lambda c, n: (restart(c), jnp.zeros_like(n)),
+                                lambda c, n: (c, n), state[key], state["next_code"])
+    return state | {key: codes, "next_code": next_code}
 
 
 def step_fns(lr: float) -> dict:
@@ -222,7 +233,7 @@ def step_fns(lr: float) -> dict:
 
     def scan(step):
         def train(state, ids, targets):
-            if "step" in state:  # the read-once providers' codes
+            if "next_code" in state:  # the read-once providers' codes
                 state = _codes_fit(state, *ids.shape)
             return lax.scan(lambda s, xs: (step(s, *xs, lr), None), state, (ids, targets))[0]
 

@@ -72,10 +72,10 @@ def test_each_provider_trains_as_the_device_table_whatever_the_cache_holds(provi
     np.testing.assert_allclose(_on_device(got), np.asarray(want), rtol=0, atol=1e-5)
     # Only the read-once steps keep codes and a step count; merged keeps them in one array.
     assert set(state) == {"table", "hot_ids", "hot"} | {
-        "ours_hot": {"slot"}, "ours_hot_distinct": {"slot", "owner", "step"},
-        "ours_hot_merged": {"code", "step"}}[provider]
+        "ours_hot": {"slot"}, "ours_hot_distinct": {"slot", "owner", "next_code"},
+        "ours_hot_merged": {"code", "next_code"}}[provider]
     if provider != "ours_hot":
-        assert int(state["step"]) == 1 + STEPS
+        assert int(state["next_code"]) == STEPS * BATCH
 
 
 @pytest.mark.parametrize("provider", sparse_hot.PROVIDERS)
@@ -93,28 +93,29 @@ def test_a_second_scan_goes_on_from_the_first(provider):
 READ_ONCE = ("ours_hot_distinct", "ours_hot_merged")  # the providers with codes
 
 
-def _last_step(provider: str, hot_rows: int) -> int:
-    """The last step whose codes fit: merged's stay below its hot codes, num_hot lower."""
-    top = sparse_hot.hot_base(hot_rows) if provider == "ours_hot_merged" else 2**31
-    return top // BATCH - 1
+def _max_steps(provider: str, hot_rows: int) -> int:
+    """The longest scan a fresh state takes: merged's codes stay below its hot codes."""
+    top = sparse_hot.hot_base(hot_rows) if provider == "ours_hot_merged" else 2**31 - 1
+    return top // BATCH
 
 
 @pytest.mark.parametrize("provider", READ_ONCE)
 @pytest.mark.parametrize("restarts", [False, True])
-def test_the_owner_codes_restart_before_they_would_pass_int32(provider, restarts):
-    """Codes are ``step * batch + entry``: a scan that would pass the last step that fits
-    (int32's, or below merged's hot codes) restarts the codes at step 1, and still trains
-    right. A scan ending at the last step runs on: its last codes come within a step of
-    the top (merged: an entry coded past it would be taken for a hot one)."""
+def test_the_owner_codes_restart_before_they_would_pass_their_top(provider, restarts):
+    """A step's codes are ``next_code + entry``: a scan whose codes would reach the top
+    (int32's largest value, or merged's hot codes) restarts them at 0 and still trains
+    right. A scan whose last code is the top's neighbour runs on (merged: an entry coded
+    at the top would be taken for a hot one)."""
     table, ids_np, ids, targets = _inputs()
     want = sparse_steps.step_fns(LR)["device"](jnp.copy(table), ids, targets)
-    last = _last_step(provider, 8)
-    assert last == {"ours_hot_distinct": 33554431, "ours_hot_merged": 33554430}[provider]
-    start_step = last - STEPS + 1 + restarts
-    state = sparse_hot.start(_pinned(table), sparse_hot.most_frequent(ids_np, 8, ROWS), provider)
+    hot_ids = sparse_hot.most_frequent(ids_np, 8, ROWS)
+    state = sparse_hot.start(_pinned(table), hot_ids, provider)
+    top = sparse_hot.code_top(state)
+    assert top == {"ours_hot_distinct": 2**31 - 1, "ours_hot_merged": 2**31 - 8}[provider]
+    first = top - STEPS * BATCH + restarts  # the scan's codes end at top - 1, or would at top
     state = sparse_hot.step_fns(LR)[provider](
-        state | {"step": jnp.asarray(start_step, jnp.int32)}, ids, targets)
-    assert int(state["step"]) == (1 + STEPS if restarts else last + 1)
+        state | {"next_code": jnp.asarray(first, jnp.int32)}, ids, targets)
+    assert int(state["next_code"]) == (STEPS * BATCH if restarts else top)
     state = sparse_hot.flush(state)
     np.testing.assert_allclose(_on_device(state["table"]), np.asarray(want), rtol=0, atol=1e-5)
 
@@ -122,10 +123,24 @@ def test_the_owner_codes_restart_before_they_would_pass_int32(provider, restarts
 @pytest.mark.parametrize("provider", READ_ONCE)
 def test_a_scan_longer_than_the_codes_allow_is_refused(provider):
     state = sparse_hot.start(_pinned(jnp.zeros((ROWS, DIM), jnp.float32)), np.arange(8), provider)
-    last = _last_step(provider, 8)
-    with pytest.raises(ValueError, match=f"split it into scans of at most {last} steps"):
-        sparse_hot._codes_fit(state, last + 1, BATCH)
-    sparse_hot._codes_fit(state, last, BATCH)  # the longest scan that fits is let through
+    most = _max_steps(provider, 8)
+    with pytest.raises(ValueError, match=f"split it into scans of at most {most} steps"):
+        sparse_hot._codes_fit(state, most + 1, BATCH)
+    sparse_hot._codes_fit(state, most, BATCH)  # the longest scan that fits is let through
+
+
+@pytest.mark.parametrize("provider", READ_ONCE)
+def test_a_smaller_batch_after_a_larger_one_trains_right(provider):
+    """Codes grow by each step's own batch, so a later scan of fewer ids still codes above
+    every earlier step (``step * batch`` codes went back below them and lost updates)."""
+    table, ids_np, ids, targets = _inputs()
+    small, small_targets = ids[:, : BATCH // 4], targets[:, : BATCH // 4]
+    device = sparse_steps.step_fns(LR)["device"]
+    want = device(device(jnp.copy(table), ids, targets), small, small_targets)
+    state = sparse_hot.start(_pinned(table), sparse_hot.most_frequent(ids_np, 8, ROWS), provider)
+    train = sparse_hot.step_fns(LR)[provider]
+    state = sparse_hot.flush(train(train(state, ids, targets), small, small_targets))
+    np.testing.assert_allclose(_on_device(state["table"]), np.asarray(want), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("provider", sparse_hot.PROVIDERS)
@@ -159,10 +174,11 @@ def test_a_hot_id_never_loses_its_code_across_steps_and_the_restart():
     _merged_codes_keep_their_hot_slots(state, hot_ids, [])
     state = train(state, ids, targets)  # the max of a hot entry leaves its code
     _merged_codes_keep_their_hot_slots(state, hot_ids, ids_np)
-    # A step past the last that fits: the restart clears the cold codes only.
-    state = train(state | {"step": jnp.asarray(_last_step("ours_hot_merged", 8) + 1, jnp.int32)},
+    # A step whose codes would reach the hot codes: the restart clears the cold codes only.
+    top = sparse_hot.code_top(state)
+    state = train(state | {"next_code": jnp.asarray(top - BATCH + 1, jnp.int32)},
                   ids[:1], targets[:1])
-    assert int(state["step"]) == 2
+    assert int(state["next_code"]) == BATCH
     _merged_codes_keep_their_hot_slots(state, hot_ids, ids_np[0])
 
 
@@ -171,6 +187,8 @@ def test_start_refuses_hot_ids_it_could_not_promise_sorted_and_distinct():
     for bad in ([3, 3], [5, 2], [-1, 4], [0, ROWS]):
         with pytest.raises(ValueError, match="distinct ids in range, ascending"):
             sparse_hot.start(table, np.array(bad, np.int32), "ours_hot")
+    with pytest.raises(ValueError, match="hot_ids is empty"):
+        sparse_hot.start(table, np.zeros(0, np.int32), "ours_hot_merged")
 
 
 def test_the_run_fails_when_the_cache_is_never_written_back(monkeypatch, tmp_path):
