@@ -168,12 +168,12 @@ def _write_owned(state: dict, ids, t, lr: float, slot, is_hot, owner_entry) -> d
     values = pp.gather_from_host(table, reads, mode="fill", fill_value=0, unique_indices=True)
     update = _rows_and_update(state["hot"], slot, is_hot, values[jnp.maximum(owner_entry, 0)],
                               t, lr, table.dtype)
-    sums = jnp.zeros_like(values).at[jnp.where(is_hot, batch, owner_entry)].add(
-        update, mode="drop")
+    # Each owner's new row: its value plus its entries' updates, added onto the values
+    # themselves (no zeroed sums and no separate add; session 34).
+    new = values.at[jnp.where(is_hot, batch, owner_entry)].add(update, mode="drop")
     return state | {
         "hot": _add_hot(state["hot"], slot, is_hot, update),
-        "table": pp.scatter_to_host(table, reads, values + sums, mode="drop",
-                                    unique_indices=True),
+        "table": pp.scatter_to_host(table, reads, new, mode="drop", unique_indices=True),
         "next_code": state["next_code"] + batch}
 
 
