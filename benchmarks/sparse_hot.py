@@ -21,8 +21,8 @@ Three providers of the same cache:
   Codes stay below ``2**31 - 1`` (524,287 steps of 4096 ids): a scan that would pass that
   clears the scratch and starts the codes again at 0 before its loop, and a scan longer
   than that is refused. Only owners read their row;
-  each entry takes its owner's value, the owners' sums of the updates come from a
-  device scatter-add (XLA's atomics, in no fixed order, as the device table's own add),
+  each entry takes its owner's value, the entries' updates are added onto their owners'
+  values by a device scatter-add (XLA's atomics, in no fixed order, as the device table's),
   and the new rows are written with ``scatter_to_host`` promised unique. No second read
   of the rows and no ordering;
 * ``ours_hot_merged``: ``ours_hot_distinct`` with one int32 array as long as the table,
@@ -32,10 +32,10 @@ Three providers of the same cache:
   gives each entry its slot (code >= hot_base) or its owner. One scatter-max and one
   gather where ``ours_hot_distinct`` has two gathers and a scatter-max; but the scatter-max
   then takes the hot entries too, as atomics that change nothing. On an H100 (session 34,
-  docs/PERFORMANCE.md) it was 0.7-1.6 us faster with partial caches and 0.7 slower with
-  every row cached. Step codes stay below ``hot_base`` (524,224 steps of 4096 ids with
-  2**18 hot rows); the guard's restart sets the cold codes back to -1 and keeps the hot
-  ones.
+  docs/PERFORMANCE.md) it was 0.1-2.2 us faster with partial caches, interleaved; with every
+  row cached the sign differed between runs. Step codes stay below ``hot_base`` (524,224
+  steps of 4096 ids with 2**18 hot rows); the guard's restart sets the cold codes back to
+  -1 and keeps the hot ones.
 
 The hot rows' updates are XLA's scatter-add on the device array, as in the device
 table. :func:`flush` writes the hot rows back into the pinned table, as a client does
@@ -159,7 +159,7 @@ def _cold_by_ops(state: dict, i, t, lr: float) -> dict:
 def _write_owned(state: dict, ids, t, lr: float, slot, is_hot, owner_entry) -> dict:
     """The read-once steps' rest, once each entry's owner is known (``owner_entry``; not
     ``entry`` for a hot entry): owners read their row from ``ids``, every entry takes its
-    owner's value, the owners' sums of the updates are added on the device, and the new
+    owner's value, the updates are added onto the owners' values on the device, and the new
     rows are written once (module doc)."""
     table = state["table"]
     num_rows, batch = table.shape[0], ids.shape[0]

@@ -70,7 +70,7 @@ def test_each_provider_trains_as_the_device_table_whatever_the_cache_holds(provi
     got = sparse_hot.table_of(state)
     assert got.sharding.memory_kind == "pinned_host"
     np.testing.assert_allclose(_on_device(got), np.asarray(want), rtol=0, atol=1e-5)
-    # Only the read-once steps keep codes and a step count; merged keeps them in one array.
+    # Only the read-once steps keep codes and next_code; merged keeps slots and codes in one array.
     assert set(state) == {"table", "hot_ids", "hot"} | {
         "ours_hot": {"slot"}, "ours_hot_distinct": {"slot", "owner", "next_code"},
         "ours_hot_merged": {"code", "next_code"}}[provider]
@@ -127,6 +127,11 @@ def test_a_scan_longer_than_the_codes_allow_is_refused(provider):
     with pytest.raises(ValueError, match=f"split it into scans of at most {most} steps"):
         sparse_hot._codes_fit(state, most + 1, BATCH)
     sparse_hot._codes_fit(state, most, BATCH)  # the longest scan that fits is let through
+    top = sparse_hot.code_top(state)
+    if top % 8 == 0:  # merged with 8 hot rows: a scan needing exactly top codes fits
+        assert int(sparse_hot._codes_fit(state, top // 8, 8)["next_code"]) == 0
+        with pytest.raises(ValueError, match="split it"):
+            sparse_hot._codes_fit(state, top // 8 + 1, 8)
 
 
 @pytest.mark.parametrize("provider", READ_ONCE)
