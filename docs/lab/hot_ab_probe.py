@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -29,16 +28,10 @@ import jax.numpy as jnp
 from jax import lax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks import sparse_hot, sparse_steps, sparse_training  # noqa: E402
+from benchmarks import sparse_hot, sparse_steps, sparse_training, timing  # noqa: E402
 
 GRAPHS = {"xla_gpu_graph_min_graph_size": 1}
 CACHED = ("ours_hot_distinct", "ours_hot_merged")
-
-
-def timed_scan(compiled, state, ids, targets):
-    t0 = time.perf_counter()
-    state = jax.block_until_ready(compiled(state, ids, targets))
-    return state, (time.perf_counter() - t0) * 1e6 / ids.shape[0]
 
 
 def ab(table0, ids, targets, hot_ids, rounds: int, lr: float) -> dict:
@@ -55,8 +48,9 @@ def ab(table0, ids, targets, hot_ids, rounds: int, lr: float) -> dict:
     for round_ in range(rounds):
         # The order alternates (A B C, C B A, ...) so no provider always runs after another.
         for name in (list(states) if round_ % 2 == 0 else list(states)[::-1]):
-            states[name], us = timed_scan(compiled[name], states[name], ids, targets)
-            times[name].append(us)
+            states[name], taken = timing.measure(
+                compiled[name], states[name], ids, targets, repeats=1, warmup=0)
+            times[name].append(taken.median_s * 1e6 / ids.shape[0])
     want = states["device"]
     out = {}
     for name, us in times.items():
@@ -93,13 +87,9 @@ def contention(ids, hot_ids, num_rows: int, rounds: int) -> dict:
     for name, body in bodies.items():
         code = jnp.full((num_rows,), -1, jnp.int32)
         compiled = scan(body).lower(code, ids, cold).compile(GRAPHS)
-        code = jax.block_until_ready(compiled(code, ids, cold))
-        us = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            code = jax.block_until_ready(compiled(code, ids, cold))
-            us.append((time.perf_counter() - t0) * 1e6 / steps)
-        out[name] = {"median": statistics.median(us), "min": min(us), "max": max(us)}
+        code, taken = timing.measure(compiled, code, ids, cold, repeats=rounds)
+        out[name] = {key: getattr(taken, f"{key}_s") * 1e6 / steps
+                     for key in ("median", "min", "max")}
     return out
 
 

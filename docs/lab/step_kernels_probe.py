@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks import sparse_hot, sparse_steps, sparse_training  # noqa: E402
+from benchmarks import sparse_hot, sparse_steps, sparse_training, timing  # noqa: E402
 
 PROVIDERS = ("device", "ours_hot", "ours_hot_distinct", "ours_hot_merged")
 GRAPHS = {"xla_gpu_graph_min_graph_size": 1}
@@ -41,13 +39,9 @@ def fresh_state(name, table0, hot_ids):
 
 
 def wall_us(compiled, state, ids, targets, scans: int):
-    state = jax.block_until_ready(compiled(state, ids, targets))
-    us = []
-    for _ in range(scans):
-        t0 = time.perf_counter()
-        state = jax.block_until_ready(compiled(state, ids, targets))
-        us.append((time.perf_counter() - t0) * 1e6 / ids.shape[0])
-    return state, statistics.median(us)
+    """The median µs per step of ``scans`` scans, after one untimed."""
+    state, taken = timing.measure(compiled, state, ids, targets, repeats=scans)
+    return state, taken.median_s * 1e6 / ids.shape[0]
 
 
 def gpu_activities(trace_dir: str) -> tuple[list, list]:
