@@ -7,7 +7,7 @@ array; a step reads and updates those there, and only its other ids (the cold on
 touch the pinned table. Zipf ids repeat on a few rows, so a small cache takes most of
 a step's entries, and the rows that cross PCIe drop with it (printed by the run).
 
-Three providers of the same cache:
+Four providers of the same cache:
 
 * ``ours_hot``: the cold ids through ``gather_from_host`` and ``scatter_add_to_host``
   (the hot entries turned into distinct out-of-range ids, which move nothing), so the
@@ -37,6 +37,14 @@ Three providers of the same cache:
   steps of 4096 ids with 2**18 hot rows); the guard's restart sets the cold codes back to
   -1 and keeps the hot ones.
 
+* ``ours_hot_xla_add``: ``ours_hot``'s read (the cold ids through ``gather_from_host``),
+  and the cold updates added by XLA's own scatter-add into the pinned table
+  (``table.at[cold].add``: a GPU kernel of float atomics over PCIe, in no fixed order, as
+  the device table's add). Without a cache that add is tenfold slower on Zipf ids (rows
+  that repeat contend for their atomics; docs/PERFORMANCE.md), but the cache takes the
+  ids that repeat, so the cold entries are mostly distinct: no owner codes, no ordering,
+  no duplicate work, and no second read of the rows (session 35).
+
 The hot rows' updates are XLA's scatter-add on the device array, as in the device
 table. :func:`flush` writes the hot rows back into the pinned table, as a client does
 when it saves the table; the run flushes before its check, and the timed scans do not
@@ -56,7 +64,7 @@ import pallas_pinned as pp
 from benchmarks.sparse_steps import _loss
 
 PROFILE_STEPS = 1024  # the profile window: about 4 M ids at 4096 a step
-PROVIDERS = ("ours_hot", "ours_hot_distinct", "ours_hot_merged")
+PROVIDERS = ("ours_hot", "ours_hot_distinct", "ours_hot_merged", "ours_hot_xla_add")
 _DISTINCT = {"unique_indices": True, "indices_are_sorted": True}
 
 
@@ -145,15 +153,28 @@ def _add_hot(hot, slot, is_hot, update):
     return hot.at[jnp.where(is_hot, slot, hot.shape[0])].add(update, mode="drop")
 
 
-def _cold_by_ops(state: dict, i, t, lr: float) -> dict:
-    """``ours_hot``'s step: the cold ids through the library's gather and add."""
+def _cold_added(state: dict, i, t, lr: float, add) -> dict:
+    """A step whose cold ids are read by the library's gather and added by ``add(table,
+    cold, update)``: ``ours_hot``'s and ``ours_hot_xla_add``'s."""
     table = state["table"]
     slot, is_hot, _, cold = _split(state, i)
     update = _rows_and_update(state["hot"], slot, is_hot,
                               pp.gather_from_host(table, cold, mode="fill", fill_value=0),
                               t, lr, table.dtype)
     return state | {"hot": _add_hot(state["hot"], slot, is_hot, update),
-                    "table": pp.scatter_add_to_host(table, cold, update, mode="drop")}
+                    "table": add(table, cold, update)}
+
+
+def _cold_by_ops(state: dict, i, t, lr: float) -> dict:
+    """``ours_hot``'s step: the cold ids through the library's gather and add."""
+    return _cold_added(state, i, t, lr, lambda x, rows, u: pp.scatter_add_to_host(
+        x, rows, u, mode="drop"))
+
+
+def _cold_xla_add(state: dict, i, t, lr: float) -> dict:
+    """``ours_hot_xla_add``'s step: the cold ids read by the library's gather and added by
+    XLA's own scatter-add into the pinned table (module doc)."""
+    return _cold_added(state, i, t, lr, lambda x, rows, u: x.at[rows].add(u, mode="drop"))
 
 
 def _write_owned(state: dict, ids, t, lr: float, slot, is_hot, owner_entry) -> dict:
@@ -240,4 +261,4 @@ def step_fns(lr: float) -> dict:
         return jax.jit(train, donate_argnums=0)
 
     return {"ours_hot": scan(_cold_by_ops), "ours_hot_distinct": scan(_cold_read_once),
-            "ours_hot_merged": scan(_merged_read_once)}
+            "ours_hot_merged": scan(_merged_read_once), "ours_hot_xla_add": scan(_cold_xla_add)}

@@ -26,9 +26,10 @@ table and the same ids and targets:
   written by ``scatter_to_host``, all promised sorted and unique): no add, so
   no second read of the rows; ``device_distinct``: that formulation on the
   device table (the 2x target is judged against the faster device step);
-* ``ours_hot``, ``ours_hot_distinct`` and ``ours_hot_merged``: a client's cache, the
-  ``--hot-rows`` ids most frequent in a profile window kept in device memory, the other ids
-  through our ops (``benchmarks/sparse_hot.py`` says how each writes them); their hot rows
+* ``ours_hot``, ``ours_hot_distinct``, ``ours_hot_merged`` and ``ours_hot_xla_add``: a
+  client's cache, the ``--hot-rows`` ids most frequent in a profile window kept in device
+  memory, the other ids through our gather and our writes, or XLA's own add for
+  ``ours_hot_xla_add`` (``benchmarks/sparse_hot.py`` says how each writes them); their hot rows
   are written back (untimed) before the check;
 * ``xla``: XLA's own path on the pinned table: ``table[ids]`` with the ids
   moved to host memory (jax refuses a gather whose operands live in different

@@ -49,6 +49,9 @@ def _on_device(table):
     return np.asarray(jax.device_put(table, jax.memory.Space.Device))
 
 
+READ_ONCE = ("ours_hot_distinct", "ours_hot_merged")  # the providers with codes
+
+
 def _repeats_cold_ids(ids_np, hot_ids) -> bool:
     """Whether some step names a cold id twice (the owner logic's case)."""
     return any(np.unique(c).size < c.size for c in (row[~np.isin(row, hot_ids)] for row in ids_np))
@@ -72,9 +75,10 @@ def test_each_provider_trains_as_the_device_table_whatever_the_cache_holds(provi
     np.testing.assert_allclose(_on_device(got), np.asarray(want), rtol=0, atol=1e-5)
     # Only the read-once steps keep codes and next_code; merged keeps slots and codes in one array.
     assert set(state) == {"table", "hot_ids", "hot"} | {
-        "ours_hot": {"slot"}, "ours_hot_distinct": {"slot", "owner", "next_code"},
+        "ours_hot": {"slot"}, "ours_hot_xla_add": {"slot"},
+        "ours_hot_distinct": {"slot", "owner", "next_code"},
         "ours_hot_merged": {"code", "next_code"}}[provider]
-    if provider != "ours_hot":
+    if provider in READ_ONCE:
         assert int(state["next_code"]) == STEPS * BATCH
 
 
@@ -88,9 +92,6 @@ def test_a_second_scan_goes_on_from_the_first(provider):
     train = sparse_hot.step_fns(LR)[provider]
     state = sparse_hot.flush(train(train(state, ids, targets), ids[::-1], targets))
     np.testing.assert_allclose(_on_device(state["table"]), np.asarray(want), rtol=0, atol=1e-5)
-
-
-READ_ONCE = ("ours_hot_distinct", "ours_hot_merged")  # the providers with codes
 
 
 def _max_steps(provider: str, hot_rows: int) -> int:
@@ -210,7 +211,7 @@ def test_no_verdict_where_the_cache_holds_every_row():
     found = [{"provider": p, "status": "ok", "correct": True, "us_per_step": us,
               "is_reference": p == "device"} for p, us in
              [("device", 10.0), ("ours_hot", 15.0), ("ours_hot_distinct", 30.0),
-              ("ours_hot_merged", 25.0)]]
+              ("ours_hot_merged", 25.0), ("ours_hot_xla_add", 18.0)]]
     lines = sparse_training.summarize(found, 20.0, cache_holds_table=True)["lines"]
     hot_lines = [line for line in lines if line.startswith("ours_hot")]
     assert hot_lines == [
@@ -219,6 +220,8 @@ def test_no_verdict_where_the_cache_holds_every_row():
         "ours_hot_distinct (hot rows in device memory) / device table: 3.00x (the cache holds "
         "every row: no verdict)",
         "ours_hot_merged (hot rows in device memory) / device table: 2.50x (the cache holds "
+        "every row: no verdict)",
+        "ours_hot_xla_add (hot rows in device memory) / device table: 1.80x (the cache holds "
         "every row: no verdict)"]
     cached = sparse_training.summarize(found, 20.0)["lines"]
     assert "ours_hot_distinct (hot rows in device memory) / device table: 3.00x (target within " \

@@ -11,7 +11,9 @@ ones included (their codes never change, but each is an atomic max, and Zipf ids
 the hottest rows), where ``ours_hot_distinct`` drops the hot entries as out-of-range ids.
 Timed alone in a scan over a table-long int32 array: the step's real ids (merged's), the
 hot ids sent out of range (distinct's), all ids out of range, and a gather of the ids for
-scale. Session 34's second run alternates the providers' order round by round.
+scale. Session 34's second run alternates the providers' order round by round. Session 35
+adds ``ours_hot_xla_add`` (the cold updates by XLA's own add into the pinned table) to the
+turns.
 
     python docs/lab/hot_ab_probe.py [--rounds 9] [--hot-rows 262144 1048576 8388608]
 """
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import sparse_hot, sparse_steps, sparse_training, timing  # noqa: E402
 
 GRAPHS = {"xla_gpu_graph_min_graph_size": 1}
-CACHED = ("ours_hot_distinct", "ours_hot_merged")
+CACHED = ("ours_hot_distinct", "ours_hot_merged", "ours_hot_xla_add")
 
 
 def ab(table0, ids, targets, hot_ids, rounds: int, lr: float) -> dict:

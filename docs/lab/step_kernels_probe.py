@@ -6,9 +6,10 @@ probe traces a few scans of each provider with ``jax.profiler`` and lists the GP
 activities per step from the trace (``jax.profiler.ProfileData``): how many kernels and
 copies, their summed time, and the biggest by name, beside the step's wall time. Traced
 with command buffers off (``xla_gpu_enable_command_buffer`` empty: each kernel launched by
-itself), so each kernel shows; the wall times are also given graphed.
+itself), so each kernel shows; the wall times are also given graphed. Session 35 adds
+``ours_hot_xla_add``.
 
-    python docs/lab/step_kernels_probe.py [--hot-rows 8388608 262144] [--scans 3]
+    python docs/lab/step_kernels_probe.py [--hot-rows 8388608 262144] [--scans 3] [--providers ...]
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import sparse_hot, sparse_steps, sparse_training, timing  # noqa: E402
 
-PROVIDERS = ("device", "ours_hot", "ours_hot_distinct", "ours_hot_merged")
+PROVIDERS = ("device", "ours_hot", "ours_hot_distinct", "ours_hot_merged", "ours_hot_xla_add")
 GRAPHS = {"xla_gpu_graph_min_graph_size": 1}
 PLAIN = {"xla_gpu_enable_command_buffer": ""}
 
@@ -96,6 +97,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--hot-rows", type=int, nargs="+", default=[8 << 20, 1 << 18])
     p.add_argument("--scans", type=int, default=3)
+    p.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
     cli = p.parse_args()
     print(jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
     for hot_rows in cli.hot_rows:
@@ -104,7 +106,7 @@ def main() -> int:
         stats = sparse_hot.cold_stats(ids_np, hot_ids)
         print(f"\n{hot_rows} hot rows ({stats['hot_entry_fraction']:.1%} of the entries, "
               f"{stats['cold_distinct_mean']:.0f} distinct cold ids a step)", flush=True)
-        for name in PROVIDERS:
+        for name in cli.providers:
             if name == "device" and hot_rows != cli.hot_rows[0]:
                 continue  # the device table's step does not depend on the cache
             profile(name, table0, ids, targets, hot_ids, cli.scans, args.lr)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Session 35's GPU call, within $BUDGET_S (560) seconds, on either card: the sparse client
+# graphed with the new provider ours_hot_xla_add (benchmarks/sparse_hot.py) at the default
+# cache (2**18 rows) and at 2**20, the interleaved A/B of the cached providers
+# (docs/lab/hot_ab_probe.py, 7 rounds) and the kernel trace of the device table, merged and
+# xla_add (docs/lab/step_kernels_probe.py); then, on an H200 with 250 s left, the GPU suite.
+# Each stage's tail goes to $OUT/summary.txt as it ends; the logs are in $OUT/s35.tgz.
+#
+# The prediction, written before the first run: ours_hot_xla_add runs about 5 kernels a
+# step where merged runs 8 (no owner codes, no ordering, no second read; its cold add is
+# one XLA scatter kernel of atomics), so 3-5 us a step below merged at 2**18 and 2**20
+# rows graphed, within 2x of the device table at 2**20 (merged: 2.02x on the H100 of
+# session 34), and about the device table plus our gather's launch with every row cached.
+#   BUDGET_S=560 bash docs/lab/s35_gpu.sh
+set -u
+FINAL=${OUT:-/tmp/s35_out}
+WORK=/tmp/s35_work
+mkdir -p "$FINAL" "$WORK"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+start=$(date +%s)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "$gpu" > "$FINAL/summary.txt"
+G="--xla-option xla_gpu_graph_min_graph_size=1"
+note() {  # the tail of a log, into the summary
+  { echo "== $1 at $(( $(date +%s) - start )) s"; grep -v host_offloader "$1" | tail -"$2"; } \
+    >> "$FINAL/summary.txt" 2>&1
+}
+fits() { [ $(( $(date +%s) - start + $1 )) -le "${BUDGET_S:-560}" ]; }
+run() {  # name, seconds, lines of its tail, then the command
+  local name=$1 limit=$2 lines=$3
+  shift 3
+  fits "$limit" || { echo "== $name skipped: no time" >> "$FINAL/summary.txt"; return; }
+  timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
+  echo "$name rc=$?" >> "$WORK/$name.log"
+  note "$WORK/$name.log" "$lines"
+}
+OUT=$WORK/install timeout 120 bash benchmarks/gpu_session.sh none > "$WORK/install.log" 2>&1
+note "$WORK/install.log" 6
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+run sparse_graphs 120 30 python3 -m benchmarks.sparse_training $G --out "$WORK/graphs"
+run sparse_hot1048576 120 30 python3 -m benchmarks.sparse_training $G --hot-rows 1048576 \
+  --out "$WORK/hot1048576"
+run hot_ab 150 40 python3 docs/lab/hot_ab_probe.py --rounds 7
+run step_kernels 120 60 python3 docs/lab/step_kernels_probe.py --providers device \
+  ours_hot_merged ours_hot_xla_add
+if [[ $gpu == *H200* ]]; then
+  OUT=$WORK/session PYTEST_ARGS="-n 8 --timeout 150" run tests 250 8 \
+    bash benchmarks/gpu_session.sh tests
+fi
+tar czf "$FINAL/s35.tgz" -C "$WORK" .
+echo "done at $(( $(date +%s) - start )) s" >> "$FINAL/summary.txt"
