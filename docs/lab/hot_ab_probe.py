@@ -13,7 +13,9 @@ Timed alone in a scan over a table-long int32 array: the step's real ids (merged
 hot ids sent out of range (distinct's), all ids out of range, and a gather of the ids for
 scale. Session 34's second run alternates the providers' order round by round. Session 35
 adds ``ours_hot_xla_add`` (the cold updates by XLA's own add into the pinned table) to the
-turns.
+turns, and ``--turn N``: each provider's turn runs N scans, each timed apart. If only a
+turn's first scan is slow, what costs is coming back to a table after the others' (each
+provider has a 2 GiB pinned table of its own), not the step.
 
     python docs/lab/hot_ab_probe.py [--rounds 9] [--hot-rows 262144 1048576 8388608]
 """
@@ -36,7 +38,7 @@ GRAPHS = {"xla_gpu_graph_min_graph_size": 1}
 CACHED = ("ours_hot_distinct", "ours_hot_merged", "ours_hot_xla_add")
 
 
-def ab(table0, ids, targets, hot_ids, rounds: int, lr: float) -> dict:
+def ab(table0, ids, targets, hot_ids, rounds: int, lr: float, turn: int = 1) -> dict:
     pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     fns = sparse_steps.step_fns(lr) | sparse_hot.step_fns(lr)
     states = {"device": jnp.copy(table0)}
@@ -44,24 +46,27 @@ def ab(table0, ids, targets, hot_ids, rounds: int, lr: float) -> dict:
         states[name] = sparse_hot.start(jax.device_put(table0, pinned), hot_ids, name)
     compiled = {name: fns[name].lower(state, ids, targets).compile(GRAPHS)
                 for name, state in states.items()}
-    times = {name: [] for name in states}
+    # times[name][k]: the k-th scan of each turn (turn > 1: is a turn's first scan slower?)
+    times = {name: [[] for _ in range(turn)] for name in states}
     for name in states:  # warm-up, untimed
         states[name] = jax.block_until_ready(compiled[name](states[name], ids, targets))
     for round_ in range(rounds):
         # The order alternates (A B C, C B A, ...) so no provider always runs after another.
         for name in (list(states) if round_ % 2 == 0 else list(states)[::-1]):
-            states[name], taken = timing.measure(
-                compiled[name], states[name], ids, targets, repeats=1, warmup=0)
-            times[name].append(taken.median_s * 1e6 / ids.shape[0])
+            for k in range(turn):
+                states[name], taken = timing.measure(
+                    compiled[name], states[name], ids, targets, repeats=1, warmup=0)
+                times[name][k].append(taken.median_s * 1e6 / ids.shape[0])
     want = states["device"]
     out = {}
-    for name, us in times.items():
+    for name, by_scan in times.items():
         diff = 0.0
         if name != "device":
             got = sparse_hot.table_of(sparse_hot.flush(states[name]))
             diff = sparse_training.max_abs_diff(got, want)
-        out[name] = {"median": statistics.median(us), "min": min(us), "max": max(us),
-                     "max_abs_diff": diff}
+        out[name] = {"median": statistics.median(by_scan[0]), "min": min(by_scan[0]),
+                     "max": max(by_scan[0]), "max_abs_diff": diff,
+                     "later_medians": [statistics.median(us) for us in by_scan[1:]]}
     return out
 
 
@@ -99,24 +104,30 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--hot-rows", type=int, nargs="+", default=[1 << 18, 1 << 20, 8 << 20])
+    p.add_argument("--turn", type=int, default=1,
+                   help="scans per provider's turn, each timed apart (session 35)")
+    p.add_argument("--no-contention", action="store_true")
+    p.add_argument("--quick", action="store_true", help="the client's --quick sizes (a CPU smoke)")
     cli = p.parse_args()
     print(jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
     worst = 0.0
     for hot_rows in cli.hot_rows:
-        args = sparse_training.parse_args(["--hot-rows", str(hot_rows)])
+        args = sparse_training.parse_args(["--hot-rows", str(hot_rows)]
+                                          + ["--quick"] * cli.quick)
         table0, ids, targets, ids_np, hot_ids = sparse_training.make_inputs(args)
         stats = sparse_hot.cold_stats(ids_np, hot_ids)
         print(f"\n{hot_rows} hot rows: {stats['hot_entry_fraction']:.1%} of the entries hot, "
               f"{stats['cold_distinct_mean']:.0f} distinct cold ids a step; {cli.rounds} "
               "rounds, graphed, us/step", flush=True)
-        results = ab(table0, ids, targets, hot_ids, cli.rounds, args.lr)
+        results = ab(table0, ids, targets, hot_ids, cli.rounds, args.lr, cli.turn)
         device = results["device"]["median"]
         for name, r in results.items():
             worst = max(worst, r["max_abs_diff"])
             print(f"  {name:20s} {r['median']:7.1f} (min {r['min']:.1f}, max {r['max']:.1f})"
-                  f"  {r['median'] / device:5.2f}x device  max|diff| {r['max_abs_diff']:.2e}",
-                  flush=True)
-        if hot_rows == cli.hot_rows[0]:
+                  f"  {r['median'] / device:5.2f}x device  max|diff| {r['max_abs_diff']:.2e}"
+                  + "".join(f"; scan {k + 2} of a turn {us:.1f}"
+                            for k, us in enumerate(r["later_medians"])), flush=True)
+        if hot_rows == cli.hot_rows[0] and not cli.no_contention:
             print("  contention, one op in a scan of the same ids:", flush=True)
             for name, r in contention(ids, hot_ids, args.rows, cli.rounds).items():
                 print(f"  {name:36s} {r['median']:6.2f} (min {r['min']:.2f}, max "

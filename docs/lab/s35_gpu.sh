@@ -11,7 +11,11 @@
 # one XLA scatter kernel of atomics), so 3-5 us a step below merged at 2**18 and 2**20
 # rows graphed, within 2x of the device table at 2**20 (merged: 2.02x on the H100 of
 # session 34), and about the device table plus our gather's launch with every row cached.
-#   BUDGET_S=560 bash docs/lab/s35_gpu.sh
+# With SECOND=1 (the second call, after the first's H100 run at 18:36 UTC): the client
+# back to back at 2**18, 2**20, 2**21 rows and every row, then the interleaved A/B with
+# turns of two scans (hot_ab_probe.py --turn 2): whether the interleaved runs' extra time
+# is a turn's first scan, coming back to a table after the others'.
+#   BUDGET_S=560 [SECOND=1] bash docs/lab/s35_gpu.sh
 set -u
 FINAL=${OUT:-/tmp/s35_out}
 WORK=/tmp/s35_work
@@ -37,12 +41,21 @@ run() {  # name, seconds, lines of its tail, then the command
 OUT=$WORK/install timeout 120 bash benchmarks/gpu_session.sh none > "$WORK/install.log" 2>&1
 note "$WORK/install.log" 6
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-run sparse_graphs 120 30 python3 -m benchmarks.sparse_training $G --out "$WORK/graphs"
-run sparse_hot1048576 120 30 python3 -m benchmarks.sparse_training $G --hot-rows 1048576 \
-  --out "$WORK/hot1048576"
-run hot_ab 150 40 python3 docs/lab/hot_ab_probe.py --rounds 7
-run step_kernels 120 60 python3 docs/lab/step_kernels_probe.py --providers device \
-  ours_hot_merged ours_hot_xla_add
+if [ -n "${SECOND:-}" ]; then  # the second call: the client again, and a turn of two scans
+  for hot in 262144 1048576 2097152 8388608; do
+    run "sparse_hot$hot" 120 30 python3 -m benchmarks.sparse_training $G --hot-rows "$hot" \
+      --out "$WORK/hot$hot"
+  done
+  run hot_ab_turn2 200 20 python3 docs/lab/hot_ab_probe.py --rounds 7 --turn 2 \
+    --no-contention --hot-rows 262144 1048576
+else
+  run sparse_graphs 120 30 python3 -m benchmarks.sparse_training $G --out "$WORK/graphs"
+  run sparse_hot1048576 120 30 python3 -m benchmarks.sparse_training $G --hot-rows 1048576 \
+    --out "$WORK/hot1048576"
+  run hot_ab 150 40 python3 docs/lab/hot_ab_probe.py --rounds 7
+  run step_kernels 120 60 python3 docs/lab/step_kernels_probe.py --providers device \
+    ours_hot_merged ours_hot_xla_add
+fi
 if [[ $gpu == *H200* ]]; then
   OUT=$WORK/session PYTEST_ARGS="-n 8 --timeout 150" run tests 250 8 \
     bash benchmarks/gpu_session.sh tests
