@@ -42,12 +42,14 @@ OUT=$WORK/install timeout 120 bash benchmarks/gpu_session.sh none > "$WORK/insta
 note "$WORK/install.log" 6
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${SECOND:-}" ]; then  # the second call: the client again, and a turn of two scans
-  for hot in 262144 1048576 2097152 8388608; do
-    run "sparse_hot$hot" 120 30 python3 -m benchmarks.sparse_training $G --hot-rows "$hot" \
-      --out "$WORK/hot$hot"
-  done
-  run hot_ab_turn2 200 20 python3 docs/lab/hot_ab_probe.py --rounds 7 --turn 2 \
+  client() {
+    run "sparse_hot$1" 60 30 python3 -m benchmarks.sparse_training $G --hot-rows "$1" \
+      --out "$WORK/hot$1"
+  }
+  client 1048576
+  run hot_ab_turn2 150 20 python3 docs/lab/hot_ab_probe.py --rounds 7 --turn 2 \
     --no-contention --hot-rows 262144 1048576
+  for hot in 262144 2097152 8388608; do client "$hot"; done
 else
   run sparse_graphs 120 30 python3 -m benchmarks.sparse_training $G --out "$WORK/graphs"
   run sparse_hot1048576 120 30 python3 -m benchmarks.sparse_training $G --hot-rows 1048576 \
