@@ -1,10 +1,11 @@
-"""Session 34's A/B of the sparse client's two read-once caches, interleaved (GPU; lab, not CI).
+"""Session 34's A/B of the sparse client's cached providers, interleaved (GPU; lab, not CI).
 
 ``benchmarks.sparse_training`` times each provider's five scans back to back, one provider
 after another, and on the H100 of 16:38 UTC its cached providers moved by up to 7 µs between
-runs. Here the device table, ``ours_hot_distinct`` and ``ours_hot_merged`` take turns, one
-scan each per round, for ``--rounds`` rounds at each cache size, graphed. At the end each
-table (hot rows flushed) is checked against the device table's after the same scans.
+runs. Here the device table, ``ours_hot_distinct``, ``ours_hot_merged`` and (session 35)
+``ours_hot_xla_add`` take turns, one scan each per round, for ``--rounds`` rounds at each
+cache size, graphed. At the end each table (hot rows flushed) is checked against the device
+table's after the same scans.
 
 Then the scatter-max's contention: ``ours_hot_merged`` scatters every entry's code, the hot
 ones included (their codes never change, but each is an atomic max, and Zipf ids repeat on
@@ -12,12 +13,15 @@ the hottest rows), where ``ours_hot_distinct`` drops the hot entries as out-of-r
 Timed alone in a scan over a table-long int32 array: the step's real ids (merged's), the
 hot ids sent out of range (distinct's), all ids out of range, and a gather of the ids for
 scale. Session 34's second run alternates the providers' order round by round. Session 35
-adds ``ours_hot_xla_add`` (the cold updates by XLA's own add into the pinned table) to the
-turns, and ``--turn N``: each provider's turn runs N scans, each timed apart. If only a
-turn's first scan is slow, what costs is coming back to a table after the others' (each
-provider has a 2 GiB pinned table of its own), not the step.
+adds ``--turn N``: each provider's turn runs N scans, each timed apart. If only a turn's
+first scan is slow, what costs is coming back to a table after the others' (each provider
+has a 2 GiB pinned table of its own), not the step. The alternating order puts a round's
+last provider first in the next round too; with ``--turn`` above 1 such a turn's first scan
+does not come back after another provider, so it is left out of the first scans' figures
+(the line says how many turns were kept).
 
     python docs/lab/hot_ab_probe.py [--rounds 9] [--hot-rows 262144 1048576 8388608]
+        [--turn N] [--no-contention] [--quick]
 """
 
 from __future__ import annotations
@@ -50,13 +54,18 @@ def ab(table0, ids, targets, hot_ids, rounds: int, lr: float, turn: int = 1) -> 
     times = {name: [[] for _ in range(turn)] for name in states}
     for name in states:  # warm-up, untimed
         states[name] = jax.block_until_ready(compiled[name](states[name], ids, targets))
+    last = None
     for round_ in range(rounds):
         # The order alternates (A B C, C B A, ...) so no provider always runs after another.
         for name in (list(states) if round_ % 2 == 0 else list(states)[::-1]):
             for k in range(turn):
                 states[name], taken = timing.measure(
                     compiled[name], states[name], ids, targets, repeats=1, warmup=0)
-                times[name][k].append(taken.median_s * 1e6 / ids.shape[0])
+                # With turns of several scans, a first scan that follows the provider's own
+                # turn (the alternation's seam) is not a return after the others'.
+                if not (turn > 1 and k == 0 and name == last):
+                    times[name][k].append(taken.median_s * 1e6 / ids.shape[0])
+            last = name
     want = states["device"]
     out = {}
     for name, by_scan in times.items():
@@ -65,7 +74,7 @@ def ab(table0, ids, targets, hot_ids, rounds: int, lr: float, turn: int = 1) -> 
             got = sparse_hot.table_of(sparse_hot.flush(states[name]))
             diff = sparse_training.max_abs_diff(got, want)
         out[name] = {"median": statistics.median(by_scan[0]), "min": min(by_scan[0]),
-                     "max": max(by_scan[0]), "max_abs_diff": diff,
+                     "max": max(by_scan[0]), "max_abs_diff": diff, "kept": len(by_scan[0]),
                      "later_medians": [statistics.median(us) for us in by_scan[1:]]}
     return out
 
@@ -109,6 +118,8 @@ def main() -> int:
     p.add_argument("--no-contention", action="store_true")
     p.add_argument("--quick", action="store_true", help="the client's --quick sizes (a CPU smoke)")
     cli = p.parse_args()
+    if cli.turn < 1 or cli.rounds < 1:
+        p.error("--turn and --rounds must be >= 1")
     print(jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
     worst = 0.0
     for hot_rows in cli.hot_rows:
@@ -123,7 +134,8 @@ def main() -> int:
         device = results["device"]["median"]
         for name, r in results.items():
             worst = max(worst, r["max_abs_diff"])
-            print(f"  {name:20s} {r['median']:7.1f} (min {r['min']:.1f}, max {r['max']:.1f})"
+            first = f"scan 1 of {r['kept']} turns: " if cli.turn > 1 else ""
+            print(f"  {name:20s} {r['median']:7.1f} ({first}min {r['min']:.1f}, max {r['max']:.1f})"
                   f"  {r['median'] / device:5.2f}x device  max|diff| {r['max_abs_diff']:.2e}"
                   + "".join(f"; scan {k + 2} of a turn {us:.1f}"
                             for k, us in enumerate(r["later_medians"])), flush=True)

@@ -12,9 +12,10 @@
 # rows graphed, within 2x of the device table at 2**20 (merged: 2.02x on the H100 of
 # session 34), and about the device table plus our gather's launch with every row cached.
 # With SECOND=1 (the second call, after the first's H100 run at 18:36 UTC): the client
-# back to back at 2**18, 2**20, 2**21 rows and every row, then the interleaved A/B with
-# turns of two scans (hot_ab_probe.py --turn 2): whether the interleaved runs' extra time
-# is a turn's first scan, coming back to a table after the others'.
+# back to back at 2**20 rows, the interleaved A/B with turns of two scans (hot_ab_probe.py
+# --turn 2: whether the interleaved runs' extra time is a turn's first scan, coming back to
+# a table after the others'), then the client at 2**18, 2**21 rows and every row, each
+# stage only where its timeout still fits the budget.
 #   BUDGET_S=560 [SECOND=1] bash docs/lab/s35_gpu.sh
 set -u
 FINAL=${OUT:-/tmp/s35_out}
@@ -41,7 +42,7 @@ run() {  # name, seconds, lines of its tail, then the command
 OUT=$WORK/install timeout 120 bash benchmarks/gpu_session.sh none > "$WORK/install.log" 2>&1
 note "$WORK/install.log" 6
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-if [ -n "${SECOND:-}" ]; then  # the second call: the client again, and a turn of two scans
+if [ "${SECOND:-0}" = 1 ]; then  # the second call: the client again, and a turn of two scans
   client() {
     run "sparse_hot$1" 60 30 python3 -m benchmarks.sparse_training $G --hot-rows "$1" \
       --out "$WORK/hot$1"
