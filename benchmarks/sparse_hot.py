@@ -35,8 +35,7 @@ Four providers of the same cache:
   docs/PERFORMANCE.md) it was 0.1-2.2 us faster with partial caches, interleaved; with every
   row cached the sign differed between runs. Step codes stay below ``hot_base`` (524,224
   steps of 4096 ids with 2**18 hot rows); the guard's restart sets the cold codes back to
-  -1 and keeps the hot ones.
-
+  -1 and keeps the hot ones;
 * ``ours_hot_xla_add``: ``ours_hot``'s read (the cold ids through ``gather_from_host``),
   and the cold updates added by XLA's own scatter-add into the pinned table
   (``table.at[cold].add``: a GPU kernel of float atomics over PCIe, in no fixed order, as

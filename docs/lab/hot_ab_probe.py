@@ -37,17 +37,15 @@ from jax import lax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import sparse_hot, sparse_steps, sparse_training, timing  # noqa: E402
+from docs.lab.step_kernels_probe import fresh_state  # noqa: E402
 
 GRAPHS = {"xla_gpu_graph_min_graph_size": 1}
 CACHED = ("ours_hot_distinct", "ours_hot_merged", "ours_hot_xla_add")
 
 
 def ab(table0, ids, targets, hot_ids, rounds: int, lr: float, turn: int = 1) -> dict:
-    pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     fns = sparse_steps.step_fns(lr) | sparse_hot.step_fns(lr)
-    states = {"device": jnp.copy(table0)}
-    for name in CACHED:
-        states[name] = sparse_hot.start(jax.device_put(table0, pinned), hot_ids, name)
+    states = {name: fresh_state(name, table0, hot_ids) for name in ("device", *CACHED)}
     compiled = {name: fns[name].lower(state, ids, targets).compile(GRAPHS)
                 for name, state in states.items()}
     # times[name][k]: the k-th scan of each turn (turn > 1: is a turn's first scan slower?)
