@@ -64,6 +64,7 @@ from benchmarks.scan_runner import (
     own_updates,
     split_runnable,
 )
+from benchmarks.verdict import verdict_lines
 from pallas_pinned._registry import TABLE_ENV
 from pallas_pinned.testing import (
     LOOP_CASES,
@@ -359,6 +360,7 @@ def main(argv=None) -> int:
     print(f"floor (+pcie): the floor_launch step plus the rows' bytes at "
           f"{loop_floor.PCIE_BYTES_PER_S / 1e9:.0f} GB/s, the H200's PCIe rate measured in "
           "earlier runs (benchmarks/loop_floor.py), not in this one")
+    print("\n".join(verdict_lines(records)))
     plot = None if args.no_plots else plots.plot_loop(records, args.out / "loop.png")
     if plot is None and not args.no_plots:
         print("no plot: matplotlib is not installed (or nothing was timed)")

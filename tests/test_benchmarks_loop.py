@@ -92,6 +92,11 @@ def _expected_rows(backends: tuple[str, ...]) -> set[tuple[str, str]]:
     return expected | {(p, b) for p in ours for b in ("auto", *backends)}
 
 
+def test_loop_prints_its_verdict_against_xla(loop_run):
+    _, stdout = loop_run
+    assert "auto against XLA: slower by the median in " in stdout
+
+
 def test_loop_records_every_provider(loop_run):
     out, _ = loop_run
     records = _loop(out)["records"]
