@@ -20,28 +20,7 @@
 set -u
 FINAL=${OUT:-/tmp/s35_out}
 WORK=/tmp/s35_work
-mkdir -p "$FINAL" "$WORK"
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-start=$(date +%s)
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "$gpu" > "$FINAL/summary.txt"
-G="--xla-option xla_gpu_graph_min_graph_size=1"
-note() {  # the tail of a log, into the summary
-  { echo "== $1 at $(( $(date +%s) - start )) s"; grep -v host_offloader "$1" | tail -"$2"; } \
-    >> "$FINAL/summary.txt" 2>&1
-}
-fits() { [ $(( $(date +%s) - start + $1 )) -le "${BUDGET_S:-560}" ]; }
-run() {  # name, seconds, lines of its tail, then the command
-  local name=$1 limit=$2 lines=$3
-  shift 3
-  fits "$limit" || { echo "== $name skipped: no time" >> "$FINAL/summary.txt"; return; }
-  timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
-  echo "$name rc=$?" >> "$WORK/$name.log"
-  note "$WORK/$name.log" "$lines"
-}
-OUT=$WORK/install timeout 120 bash benchmarks/gpu_session.sh none > "$WORK/install.log" 2>&1
-note "$WORK/install.log" 6
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+source docs/lab/call_stages.sh
 if [ "${SECOND:-0}" = 1 ]; then  # the second call: the client again, and a turn of two scans
   client() {
     run "sparse_hot$1" 60 30 python3 -m benchmarks.sparse_training $G --hot-rows "$1" \
