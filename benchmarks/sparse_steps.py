@@ -151,21 +151,22 @@ def _transfer_scan(table, rows, targets):
     return lax.scan(step, table, rows)[0]
 
 
-def distinct_padded(ids: np.ndarray, num_rows: int) -> np.ndarray:
-    """Each step's distinct ids, ascending, then ``num_rows, num_rows + 1, ...`` to one width."""
+def distinct_padded(ids: np.ndarray, num_rows: int, width: int | None = None) -> np.ndarray:
+    """Each step's distinct ids, ascending, then ``num_rows, num_rows + 1, ...`` to one width:
+    ``width``, or the most distinct ids of a step (a ``width`` below that is raised to it)."""
     distinct = [np.unique(row) for row in ids]
-    width = max(d.size for d in distinct)
+    width = max(width or 0, *(d.size for d in distinct))
     pads = [num_rows + np.arange(width - d.size) for d in distinct]
     return np.stack([np.concatenate([d, pad]) for d, pad in zip(distinct, pads, strict=True)]
                     ).astype(np.int32)
 
 
-def transfer_rows(ids: np.ndarray, num_rows: int) -> np.ndarray:
+def transfer_rows(ids: np.ndarray, num_rows: int, width: int | None = None) -> np.ndarray:
     """``(steps, 2, width)`` int32: per step the rows the transfer floor reads
     (:func:`distinct_padded`) and those it writes: entry ``j``'s value goes to the row read
     by entry ``j + 1`` (the last real row's to a pad, out of range: dropped). Both sorted
-    and unique, as the floor's ops are promised."""
-    reads = distinct_padded(ids, num_rows)
+    and unique, as the floor's ops are promised. One ``width`` gives sets of ids one shape."""
+    reads = distinct_padded(ids, num_rows, width)
     past = np.full((reads.shape[0], 1), num_rows + reads.shape[1], np.int32)
     return np.stack([reads, np.concatenate([reads[:, 1:], past], axis=1)], axis=1)
 

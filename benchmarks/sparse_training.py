@@ -42,29 +42,30 @@ table and the same ids and targets:
   (``sparse_steps.transfer_rows``; both promised sorted and unique): a read and a
   write of the distinct rows, nothing else, which changes the table as numpy replays it.
 
-Correctness: after one scan from the same initial table (normal, scale
-``1/sqrt(dim)``; targets alike), every provider's table is compared with the
-device table (``transfer``'s, bit for bit, with its steps replayed in numpy); the largest
-absolute difference is printed and recorded, and above ``--tolerance`` (1e-5)
-times ``max(1, max |device table|)`` the run fails. The ~400 updates a popular row gets per step are
-summed in another order by each provider: float32 rounding, a few 1e-7 at
-this scale (a few 1e-6 with a unit-scale table), while one lost update moves
-an element by ``lr * |row - target| / batch``, ~2e-5. Timing: a warm-up
-scan, then ``--repeats`` device-synchronized scans (``benchmarks.timing``);
-median, min and max per step. The nominal PCIe floor of a step is its distinct
-rows read once and written once, ``2 * distinct * row_bytes``, at ``--pcie-gbps``,
-a rate given, not measured in the run (the H200's copies in earlier runs: 55.0 GB/s
-device->pinned, 49.3 pinned->device); a bound that scattered rows do not reach,
-which ``transfer`` measures. A CPU run gives no ratio to it. Writes ``sparse_training.json``
-under ``--out``; exits 1 on an error or a difference over the tolerance. Where the
-``device`` provider errors there is no reference: every other table is recorded
-unchecked (``correct`` None, with a note), the run fails, and the summary gives no
-ratio or verdict that would need one.
+Correctness: after one scan from the same initial table (normal, scale ``1/sqrt(dim)``; targets
+alike), every provider's table is compared with the device table (``transfer``'s, bit for bit,
+with its steps replayed in numpy); the largest absolute difference is printed and recorded, and
+above ``--tolerance`` (1e-5) times ``max(1, max |device table|)`` the run fails. The ~400
+updates a popular row gets per step are summed in another order by each provider: float32
+rounding, a few 1e-7 at this scale (a few 1e-6 with a unit-scale table), while one lost update
+moves an element by ``lr * |row - target| / batch``, ~2e-5. Timing: a warm-up scan, then
+``--repeats`` device-synchronized scans (``benchmarks.timing``); median, min and max per step.
+Every scan repeats the checked scan's ids, unless ``--fresh-ids`` gives each warm-up and timed
+scan ids of its own, drawn alike (the same permutation and hot set; the floor and cache figures
+printed are the checked scan's). The nominal PCIe floor of a step is its distinct rows read
+once and written once, ``2 * distinct * row_bytes``, at ``--pcie-gbps``, a rate given, not
+measured in the run (the H200's copies in earlier runs: 55.0 GB/s device->pinned, 49.3
+pinned->device); a bound that scattered rows do not reach, which ``transfer`` measures. A CPU
+run gives no ratio to it. Writes ``sparse_training.json`` under ``--out``; exits 1 on an error
+or a difference over the tolerance. Where the ``device`` provider errors there is no reference:
+every other table is recorded unchecked (``correct`` None, with a note), the run fails, and the
+summary gives no ratio or verdict that would need one.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -155,8 +156,12 @@ def max_abs_diff(a: jax.Array, reference: jax.Array) -> float:
 
 
 def run_provider(name: str, table: jax.Array, ids, targets, args, reference, *,
-                 tolerance: float | None = None, checked_against: str = "device table") -> dict:
+                 tolerance: float | None = None, checked_against: str = "device table",
+                 timed_inputs: list[tuple] | None = None) -> dict:
     """Compiles, runs once (checked against ``reference``), then times.
+
+    ``timed_inputs`` (``--fresh-ids``): one ``(ids, targets)`` per warm-up and timed scan, in
+    turn, in place of the checked scan's.
 
     The :data:`REFERENCE` provider's table is the one the others are checked against
     (returned under ``"reference"``). Any other provider with no ``reference`` (the
@@ -202,7 +207,8 @@ def run_provider(name: str, table: jax.Array, ids, targets, args, reference, *,
         slow = record["first_run_s"] > args.max_run_s
         state, measured = timing.measure(
             lambda x, i, t: compiled(x, i, t), state, ids, targets,
-            repeats=1 if slow else args.repeats, warmup=0 if slow else args.warmup)
+            repeats=1 if slow else args.repeats, warmup=0 if slow else args.warmup,
+            prepare=itertools.cycle(timed_inputs).__next__ if timed_inputs else None)
         jax.tree.map(lambda a: a.delete(), state)
     except Exception as err:  # noqa: BLE001 - recorded as an error; the run fails at the end
         record["status"] = "error"
@@ -230,6 +236,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help=f"timed scans ({FULL['repeats']})")
     p.add_argument("--warmup", type=int, default=1, help="untimed scans after the checked one")
     p.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent of the ids")
+    p.add_argument("--fresh-ids", action="store_true",
+                   help="each warm-up and timed scan draws ids of its own (the same "
+                   "distribution and hot set); without it every scan repeats the checked one's")
     p.add_argument("--hot-rows", type=int, default=None,
                    help=f"rows the ours_hot providers keep in device memory ({FULL['hot_rows']})")
     p.add_argument("--lr", type=float, default=0.5)
@@ -259,13 +268,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_inputs(args):
-    """Initial table (device), ids and targets (device), ids as numpy, and the hot ids: the
-    most frequent of a profile window drawn apart, spread by the same permutation."""
+    """Initial table (device), ids and targets (device), ids as numpy, the hot ids (the most
+    frequent of a profile window drawn apart, spread by the same permutation), and with
+    ``--fresh-ids`` one more set of ids per warm-up and timed scan, drawn apart too."""
     rng = np.random.default_rng([args.seed, args.rows, args.dim, args.batch])
     ids, spread = zipf_spread(rng, args.rows, (args.steps, args.batch), args.zipf_s)
     profile = zipf_ranks(np.random.default_rng([args.seed, args.rows, 1]), args.rows,
                          (sparse_hot.PROFILE_STEPS, args.batch), args.zipf_s)
     hot_ids = sparse_hot.most_frequent(spread[profile], args.hot_rows, args.rows)
+    fresh_rng = np.random.default_rng([args.seed, args.rows, 2])
+    fresh = [spread[zipf_ranks(fresh_rng, args.rows, ids.shape, args.zipf_s)]
+             for _ in range(args.warmup + args.repeats if args.fresh_ids else 0)]
     scale = np.float32(1 / np.sqrt(args.dim))  # the usual embedding initialization
     targets = (scale * rng.standard_normal((args.steps, args.batch, args.dim))).astype(np.float32)
     device = jax.devices()[0]
@@ -273,7 +286,7 @@ def make_inputs(args):
     table = scale * jax.random.normal(jax.random.key(args.seed), (args.rows, args.dim),
                                       jnp.float32)
     return (jax.block_until_ready(table), jax.device_put(ids, on_device),
-            jax.device_put(targets, on_device), ids, hot_ids)
+            jax.device_put(targets, on_device), ids, hot_ids, fresh)
 
 
 def main(argv=None) -> int:
@@ -282,7 +295,7 @@ def main(argv=None) -> int:
     if not args.gpu and not args.quick:
         print("no GPU found: on CPU, with the quick sizes where none is given")
     started = time.monotonic()
-    table0, ids, targets, ids_np, args.hot_ids = make_inputs(args)
+    table0, ids, targets, ids_np, args.hot_ids, fresh = make_inputs(args)
     row_bytes = args.dim * 4
     distinct = distinct_per_step(ids_np)
     floor_us = pcie_floor_us(distinct, row_bytes, args.pcie_gbps)
@@ -303,17 +316,26 @@ def main(argv=None) -> int:
           f"({report.format_bytes(cache['hot_bytes'])}): {cache['hot_entry_fraction']:.1%} of "
           f"the entries; distinct cold ids per step: mean {cache['cold_distinct_mean']:.0f}",
           flush=True)
+    if fresh:
+        print(f"--fresh-ids: each of the {len(fresh)} warm-up and timed scans draws ids of its "
+              f"own; the checked scan's ids above", flush=True)
     records, reference = [], None
-    moves = transfer_rows(ids_np, args.rows)
+    width = max(int(distinct_per_step(f).max()) for f in [ids_np, *fresh])  # one shape
+    moves = transfer_rows(ids_np, args.rows, width)
+    timed = [(jax.device_put(f, ids.sharding), targets) for f in fresh] or None
+    timed_moves = [(jax.device_put(transfer_rows(f, args.rows, width), ids.sharding), targets)
+                   for f in fresh] or None
     for name in PROVIDERS:
         table = jnp.copy(table0) if name in DEVICE_STEPS else jax.device_put(table0, pinned)
         if name == "transfer":  # rows shifted by one, bit for bit as numpy replays them
             replayed = transfer_replay(table0, moves)
             result = run_provider(name, table, jax.device_put(moves, ids.sharding), targets,
-                                  args, replayed, tolerance=0.0, checked_against="numpy replay")
+                                  args, replayed, tolerance=0.0, checked_against="numpy replay",
+                                  timed_inputs=timed_moves)
             replayed.delete()
         else:
-            result = run_provider(name, table, ids, targets, args, reference)
+            result = run_provider(name, table, ids, targets, args, reference,
+                                  timed_inputs=timed)
         if name == REFERENCE:
             reference = result["reference"]
         del result["reference"]
@@ -324,7 +346,8 @@ def main(argv=None) -> int:
                         cache_holds_table=args.hot_ids.size >= args.rows)
     meta = {"benchmark": "sparse_training", "argv": sys.argv[1:], "rows": args.rows,
             "dim": args.dim, "batch": args.batch, "steps": args.steps, "repeats": args.repeats,
-            "warmup": args.warmup, "zipf_s": args.zipf_s, "lr": args.lr, "seed": args.seed,
+            "warmup": args.warmup, "fresh_ids": args.fresh_ids, "zipf_s": args.zipf_s,
+            "lr": args.lr, "seed": args.seed,
             "tolerance": args.tolerance, "table_bytes": args.rows * row_bytes,
             "compiler_options": args.compiler_options,
             # What ``ours`` ran: choose_backends reads a run under a table with XLA's add

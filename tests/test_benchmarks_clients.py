@@ -197,6 +197,55 @@ def test_sparse_training_fails_a_transfer_floor_that_moves_nothing(tmp_path, mon
     assert "transfer alone / device table: n/a (transfer incorrect)" in stdout
 
 
+def _ids_each_scan_is_timed_with(tmp_path, monkeypatch, extra: list[str]) -> dict:
+    """Per provider, the ids of every warm-up and timed scan (``timing.measure`` spied on)."""
+    seen, real = {}, sparse_training.timing.measure
+
+    def spy(fn, state, *args, **kwargs):
+        calls = seen.setdefault(len(seen), [])
+
+        def recording(table, ids, targets):
+            calls.append(np.asarray(ids))
+            return fn(table, ids, targets)
+        return real(recording, state, *args, **kwargs)
+
+    monkeypatch.setattr(sparse_training.timing, "measure", spy)
+    monkeypatch.setattr(sparse_training, "PROVIDERS", ("device", "ours_hot_xla_add", "transfer"))
+    argv = ["--quick", "--repeats", "2", "--out", str(tmp_path), *extra]
+    assert sparse_training.main(argv) == 0
+    return dict(zip(sparse_training.PROVIDERS, seen.values(), strict=True))
+
+
+def test_sparse_training_repeats_the_checked_ids_in_every_timed_scan_by_default(
+        tmp_path, monkeypatch):
+    seen = _ids_each_scan_is_timed_with(tmp_path, monkeypatch, [])
+    checked = sparse_training.make_inputs(sparse_training.parse_args(["--quick"]))[3]
+    for name in ("device", "ours_hot_xla_add"):
+        assert len(seen[name]) == 3  # one warm-up, two timed
+        assert all(np.array_equal(ids, checked) for ids in seen[name])
+
+
+def test_sparse_training_fresh_ids_give_each_scan_ids_of_its_own(tmp_path, monkeypatch):
+    seen = _ids_each_scan_is_timed_with(tmp_path, monkeypatch, ["--fresh-ids"])
+    args = sparse_training.parse_args(["--quick", "--repeats", "2", "--fresh-ids"])
+    _, _, _, checked, hot_ids, fresh = sparse_training.make_inputs(args)
+    assert len(fresh) == 3
+    for name in ("device", "ours_hot_xla_add"):  # the same sets, in the same order
+        assert [ids.tolist() for ids in seen[name]] == [f.tolist() for f in fresh]
+    sets = [checked, *fresh]
+    assert all(not np.array_equal(a, b) for k, a in enumerate(sets) for b in sets[k + 1:])
+    for f in fresh:  # drawn alike: the same shape, range and share of hot entries
+        assert f.shape == checked.shape and f.dtype == checked.dtype
+        assert 0 <= f.min() and f.max() < args.rows
+        hot = sparse_training.sparse_hot.cold_stats(f, hot_ids)["hot_entry_fraction"]
+        want = sparse_training.sparse_hot.cold_stats(checked, hot_ids)["hot_entry_fraction"]
+        assert abs(hot - want) < 0.1
+    # The transfer floor's rows of every set share one shape (its compiled scan's).
+    assert {ids.shape for ids in seen["transfer"]} == {seen["transfer"][0].shape}
+    meta = json.loads((tmp_path / "sparse_training.json").read_text())["meta"]
+    assert meta["fresh_ids"] is True
+
+
 def test_sparse_training_names_the_floor_nominal_on_the_gpu():
     found = [{"provider": name, "us_per_step": us, "correct": True, "status": "ok",
               "is_reference": name == "device"} for name, us in (("device", 10.0), ("ours", 40.0))]

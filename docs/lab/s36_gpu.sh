@@ -11,12 +11,27 @@
 # both races, overhead), the sharded example on one device and the notebooks, none of which
 # has run since 0339b4e (H100, session 32). Each stage runs only where its timeout still
 # fits; its tail goes to $OUT/summary.txt as it ends; the logs are in $OUT/s36.tgz.
-#   BUDGET_S=560 [SECOND=1] bash docs/lab/s36_gpu.sh
+# With FRESH=1 (the third call, either card): the sparse client graphed at 2**18 and 2**20
+# hot rows, each run twice in turn, repeating the checked scan's ids (as every run before)
+# and with --fresh-ids (each timed scan draws ids of its own). The prediction, written before
+# it ran: the device table within its noise either way; the pinned steps 0-10 us a step
+# slower with fresh ids, if part of the repeated runs' speed is address translation or
+# caches warmed by the same rows (a turn's first scan paid 7-10 us, session 35), and level
+# if not; the verdicts within 2x unchanged on an H200 (1.38x and 1.50x with repeated ids).
+#   BUDGET_S=560 [SECOND=1 | FRESH=1] bash docs/lab/s36_gpu.sh
 set -u
 FINAL=${OUT:-/tmp/s36_out}
 WORK=/tmp/s36_work
 source docs/lab/call_stages.sh
-if [ "${SECOND:-0}" = 1 ]; then  # the second call: the materialized grid, then the probes
+if [ "${FRESH:-0}" = 1 ]; then  # the third call: repeated against fresh ids, in turn
+  for hot in 262144 1048576; do
+    for ids in repeated fresh; do
+      flag=$([ $ids = fresh ] && echo --fresh-ids)
+      run "sparse_${ids}_$hot" 90 30 python3 -m benchmarks.sparse_training $G --hot-rows "$hot" \
+        $flag --out "$WORK/${ids}_$hot"
+    done
+  done
+elif [ "${SECOND:-0}" = 1 ]; then  # the second call: the materialized grid, then the probes
   OUT=$WORK/loopmat run loopmat 300 30 bash benchmarks/gpu_session.sh loopmat
   run fence_probe 90 6 python3 docs/lab/holder_fence_probe.py
   run freed_result 100 6 python3 docs/lab/freed_result_race_probe.py 50

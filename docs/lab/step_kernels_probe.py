@@ -102,7 +102,7 @@ def main() -> int:
     print(jax.devices()[0].device_kind, "jax", jax.__version__, flush=True)
     for hot_rows in cli.hot_rows:
         args = sparse_training.parse_args(["--hot-rows", str(hot_rows)])
-        table0, ids, targets, ids_np, hot_ids = sparse_training.make_inputs(args)
+        table0, ids, targets, ids_np, hot_ids, _ = sparse_training.make_inputs(args)
         stats = sparse_hot.cold_stats(ids_np, hot_ids)
         print(f"\n{hot_rows} hot rows ({stats['hot_entry_fraction']:.1%} of the entries, "
               f"{stats['cold_distinct_mean']:.0f} distinct cold ids a step)", flush=True)
