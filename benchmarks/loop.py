@@ -353,14 +353,11 @@ def main(argv=None) -> int:
         progress.close()
     inputs = ", inputs materialized" if args.inputs == "materialized" else ""
     report.print_loop_table(records, f"per-step cost in lax.scan ({grid}{inputs}, "
-                            f"{meta['device_kind']}, {args.steps} steps, median of "
-                            f"{args.runs} runs interleaved in "
-                            f"{min(args.rounds, args.runs)} rounds{fewer_runs(args, records)}; "
-                            "us, op cost in parentheses, min-max in brackets)")
-    print(f"floor (+pcie): the floor_launch step plus the rows' bytes at "
-          f"{loop_floor.PCIE_BYTES_PER_S / 1e9:.0f} GB/s, the H200's PCIe rate measured in "
-          "earlier runs (benchmarks/loop_floor.py), not in this one")
-    print("\n".join(verdict_lines(records)))
+                            f"{meta['device_kind']}, {args.steps} steps, median of {args.runs} "
+                            f"runs interleaved in {min(args.rounds, args.runs)} rounds"
+                            f"{fewer_runs(args, records)}; us, op cost in parentheses, "
+                            "min-max in brackets)")
+    print(loop_floor.FLOOR_NOTE, *verdict_lines(records), sep="\n")
     plot = None if args.no_plots else plots.plot_loop(records, args.out / "loop.png")
     if plot is None and not args.no_plots:
         print("no plot: matplotlib is not installed (or nothing was timed)")

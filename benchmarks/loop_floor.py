@@ -38,6 +38,10 @@ from pallas_pinned import _placement
 # end, rounded down: what SM stores reach, not the copy engine (55 GB/s would make
 # pcie_us about 6 % smaller).
 PCIE_BYTES_PER_S = 52e9
+# The loop's printed word on its floor column: the rate is not measured in the run.
+FLOOR_NOTE = (f"floor (+pcie): the floor_launch step plus the rows' bytes at "
+              f"{PCIE_BYTES_PER_S / 1e9:.0f} GB/s, the H200's PCIe rate measured in earlier "
+              "runs (benchmarks/loop_floor.py), not in this one")
 # Times the op's rows cross PCIe: a set writes each row, a gather reads it, an add
 # reads and then writes it (counted one after the other); add_read and set_read read
 # the rows back after their write.
