@@ -240,8 +240,11 @@ def test_sparse_training_fresh_ids_give_each_scan_ids_of_its_own(tmp_path, monke
         hot = sparse_training.sparse_hot.cold_stats(f, hot_ids)["hot_entry_fraction"]
         want = sparse_training.sparse_hot.cold_stats(checked, hot_ids)["hot_entry_fraction"]
         assert abs(hot - want) < 0.1
-    # The transfer floor's rows of every set share one shape (its compiled scan's).
-    assert {ids.shape for ids in seen["transfer"]} == {seen["transfer"][0].shape}
+    # The transfer floor moves the rows of each fresh set, padded to the one width of every
+    # set (its compiled scan's, the checked set's included).
+    width = max(int(sparse_training.distinct_per_step(f).max()) for f in sets)
+    assert [rows.tolist() for rows in seen["transfer"]] == [
+        sparse_training.transfer_rows(f, args.rows, width).tolist() for f in fresh]
     meta = json.loads((tmp_path / "sparse_training.json").read_text())["meta"]
     assert meta["fresh_ids"] is True
 

@@ -27,6 +27,7 @@ from benchmarks import (
     loop_floor,
     loop_patterns,
     scan_runner,
+    verdict,
 )
 from benchmarks.loop_steps import PROVIDER_NAMES
 from pallas_pinned import testing
@@ -92,9 +93,15 @@ def _expected_rows(backends: tuple[str, ...]) -> set[tuple[str, str]]:
     return expected | {(p, b) for p in ours for b in ("auto", *backends)}
 
 
-def test_loop_prints_its_verdict_against_xla(loop_run):
-    _, stdout = loop_run
-    assert "auto against XLA: slower by the median in " in stdout
+def test_loop_prints_its_floor_note_and_verdict_against_xla(loop_run):
+    out, stdout = loop_run
+    lines = stdout.splitlines()
+    assert loop_floor.FLOOR_NOTE in lines
+    verdict_at = lines.index(loop_floor.FLOOR_NOTE) + 1
+    # The same lines as `python -m benchmarks.verdict` on the run's loop.json.
+    want = verdict.verdict_lines(_loop(out)["records"])
+    assert want[0].startswith("auto against XLA: slower by the median in ")
+    assert lines[verdict_at:verdict_at + len(want)] == want
 
 
 def test_loop_records_every_provider(loop_run):

@@ -22,6 +22,7 @@ RECORDS = [
     _row("ring[8,4]x2-float32", "ours_ring", "auto", 6.5, 6.1, 7.0),          # apart
     _row("5x4B-float32", "xla_get", "-", None, None, None, status="skipped: time budget"),
     _row("5x4B-float32", "ours_get", "auto", 1.0, 1.0, 1.0),                  # peer untimed
+    _row("5x4B-float32", "xla_set", "-", 100.0, 99.0, 101.0),  # another case's XLA set
 ]
 
 
@@ -39,6 +40,8 @@ def test_pairs_are_auto_rows_with_a_timed_xla_peer_of_the_same_case():
         ("64x1024B-float32", "ours_set"), ("64x1024B-float32", "ours_set_unique"),
         ("64x1024B-float32", "ours_set_unique_sorted"), ("ring[8,4]x2-float32", "ours_ring")]
     assert {p.xla["provider"] for p in pairs} == {"xla_set", "xla_ring"}
+    assert all(p.xla["case"] == p.case for p in pairs)  # never another case's XLA row
+    assert [p.xla["us_per_step"] for p in pairs[:3]] == [8.0, 8.0, 8.0]
 
 
 def test_lines_count_slower_medians_and_list_only_the_pairs_apart():
