@@ -49,7 +49,8 @@ def xla_peer(provider: str) -> str | None:
 
 
 def _timed(r: dict) -> bool:
-    return r.get("status") == "ok" and r.get("us_per_step") is not None
+    return r.get("status") == "ok" and all(
+        r.get(key) is not None for key in ("us_per_step", "us_min", "us_max"))
 
 
 def auto_xla_pairs(records: list[dict]) -> list[Pair]:

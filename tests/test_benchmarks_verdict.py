@@ -23,6 +23,7 @@ RECORDS = [
     _row("5x4B-float32", "xla_get", "-", None, None, None, status="skipped: time budget"),
     _row("5x4B-float32", "ours_get", "auto", 1.0, 1.0, 1.0),                  # peer untimed
     _row("5x4B-float32", "xla_set", "-", 100.0, 99.0, 101.0),  # another case's XLA set
+    _row("5x4B-float32", "ours_set", "auto", 3.0, None, None),              # no range
 ]
 
 
