@@ -4,12 +4,13 @@
 
     python -m benchmarks.verdict benchmarks/results/loop_quick_graphs_h200_1206_2046.json
 
-Each ``ours_*`` row run with backend ``auto`` is paired with XLA's formulation of the same
-op in the same case (``ours_set_unique`` with ``xla_set``: XLA's formulation takes no
-promise). A pair counts as *slower* when ``auto``'s median is above XLA's, and as *apart*
-when even ``auto``'s fastest run is slower than XLA's slowest. Identical HLO can land either
-side of a median (docs/PERFORMANCE.md, "What `auto` runs"), so the second count is the one
-that one run's noise does not decide.
+Each ``ours_*`` row run with backend ``auto`` is paired with XLA's formulation of the same op
+in the same case, ``xla_<op>`` by the record's ``op`` as the loop's table pairs them
+(``ours_set_unique`` with ``xla_set``: XLA's formulation takes no promise). A pair counts as
+*slower* when ``auto``'s median is above XLA's, and as *apart* when even ``auto``'s fastest run
+is slower than XLA's slowest. Identical HLO can land either side of a median
+(docs/PERFORMANCE.md, "What `auto` runs"), so the second count is the one that one run's noise
+does not decide.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-_PROMISES = ("_unique_sorted", "_unique")
+from benchmarks.report import span
 
 
 class Pair(NamedTuple):
@@ -38,14 +39,9 @@ class Pair(NamedTuple):
         return self.auto["us_min"] > self.xla["us_max"]
 
 
-def xla_peer(provider: str) -> str | None:
-    """XLA's formulation of an ``ours_*`` provider's op (None for other providers)."""
-    if not provider.startswith("ours_"):
-        return None
-    op = provider.removeprefix("ours_")
-    for promise in _PROMISES:
-        op = op.replace(promise, "")
-    return "xla_" + op
+def xla_peer(record: dict) -> str | None:
+    """XLA's formulation of an ``ours_*`` row's op (None for other providers)."""
+    return f"xla_{record['op']}" if record["provider"].startswith("ours_") else None
 
 
 def _timed(r: dict) -> bool:
@@ -59,7 +55,7 @@ def auto_xla_pairs(records: list[dict]) -> list[Pair]:
            if r["provider"].startswith("xla_") and _timed(r)}
     pairs = []
     for r in records:
-        peer = xla_peer(r["provider"])
+        peer = xla_peer(r)
         if r.get("backend") != "auto" or peer is None or not _timed(r):
             continue
         if (r["case"], peer) in xla:
@@ -68,7 +64,7 @@ def auto_xla_pairs(records: list[dict]) -> list[Pair]:
 
 
 def _span(r: dict) -> str:
-    return f"{r['us_per_step']:.1f} [{r['us_min']:.1f}-{r['us_max']:.1f}]"
+    return f"{r['us_per_step']:.1f}{span(r['us_min'], r['us_max'], '.1f')}"
 
 
 def verdict_lines(records: list[dict]) -> list[str]:

@@ -7,7 +7,8 @@ from benchmarks import verdict
 
 
 def _row(case, provider, backend, median, lo, hi, status="ok"):
-    return {"case": case, "provider": provider, "backend": backend, "status": status,
+    op = provider.split("_")[1]  # the loop's op of the row: "set" for "ours_set_unique"
+    return {"case": case, "op": op, "provider": provider, "backend": backend, "status": status,
             "us_per_step": median, "us_min": lo, "us_max": hi}
 
 
@@ -27,12 +28,14 @@ RECORDS = [
 ]
 
 
-def test_xla_peer_drops_the_promises():
-    assert verdict.xla_peer("ours_set_unique_sorted") == "xla_set"
-    assert verdict.xla_peer("ours_add_unique_read") == "xla_add_read"
-    assert verdict.xla_peer("ours_kv_block") == "xla_kv_block"
-    assert verdict.xla_peer("xla_set") is None
-    assert verdict.xla_peer("baseline") is None
+def test_xla_peer_is_xla_of_the_rows_op_whatever_it_promised():
+    def peer(provider, op):
+        return verdict.xla_peer({"provider": provider, "op": op})
+    assert peer("ours_set_unique_sorted", "set") == "xla_set"
+    assert peer("ours_add_unique_read", "add_read") == "xla_add_read"
+    assert peer("ours_kv_block", "kv_block") == "xla_kv_block"
+    assert peer("xla_set", "set") is None
+    assert peer("baseline", "none") is None
 
 
 def test_pairs_are_auto_rows_with_a_timed_xla_peer_of_the_same_case():
@@ -49,7 +52,7 @@ def test_lines_count_slower_medians_and_list_only_the_pairs_apart():
     lines = verdict.verdict_lines(RECORDS)
     assert lines[0].startswith("auto against XLA: slower by the median in 3 of 4 pairs; in 2 ")
     assert len(lines) == 3
-    assert "ours_set " in lines[1] and "10.0 [9.0-11.0]" in lines[1] and "8.0 [7.5-8.5]" in lines[1]
+    assert "ours_set " in lines[1] and "10.0 [9.0–11.0]" in lines[1] and "8.0 [7.5–8.5]" in lines[1]
     assert "ours_ring" in lines[2]
 
 
