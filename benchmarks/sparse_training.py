@@ -320,7 +320,8 @@ def main(argv=None) -> int:
         print(f"--fresh-ids: each of the {len(fresh)} warm-up and timed scans draws ids of its "
               f"own; the checked scan's ids above", flush=True)
     records, reference = [], None
-    width = max(int(distinct_per_step(f).max()) for f in [ids_np, *fresh])  # one shape
+    # One shape for every set's transfer rows: the widest step of the checked or a fresh set.
+    width = max(int(d.max()) for d in [distinct, *map(distinct_per_step, fresh)])
     moves = transfer_rows(ids_np, args.rows, width)
     timed = [(jax.device_put(f, ids.sharding), targets) for f in fresh] or None
     timed_moves = [(jax.device_put(transfer_rows(f, args.rows, width), ids.sharding), targets)
