@@ -119,16 +119,18 @@ def write(
     with _local_write.naming_the_jvp_fix(op):
         if _sharded.is_sharded_buffer(x):
             return _sharded.write(op, x, index, updates, **settings)
-        index = _positions_as_values(x, index, updates)
+        index, lifted = _positions_as_values(x, index, updates)
         plan, operands = _checked_write(
             op, x, index, updates, mode=mode, backend=backend, settings=settings
         )
+        plan = plan.with_starts_in_range(lifted)
         call = _local_write.WriteCall.of(op, plan, **settings)
         return _local_write.write(x, operands, updates, call)
 
 
-def _positions_as_values(x: Any, index: Any, updates: Any = None) -> Any:
-    """An eager call's index with its Python- and numpy-int positions as 0-d int32 arrays.
+def _positions_as_values(x: Any, index: Any, updates: Any = None) -> tuple[Any, frozenset]:
+    """An eager call's index with its Python- and numpy-int positions as 0-d int32 arrays,
+    and the buffer axes of those it lifted.
 
     A static position is part of the compiled program, so an eager loop over
     positions (``at(cache)[t].set(v)`` for each ``t``) would compile once per
@@ -139,28 +141,32 @@ def _positions_as_values(x: Any, index: Any, updates: Any = None) -> Any:
     ``jax.ds``, which this leaves static): one program then serves every value.
     Inside a trace (``x`` or ``updates`` a tracer) nothing changes: a user's jit
     compiles its static positions once anyway. Under a transfer guard neither: the
-    value would be a host-to-device transfer the static int never made.
+    value would be a host-to-device transfer the static int never made. Each lifted
+    value was seen in range, so its axis needs no run-time check: the caller marks
+    the plan (``IndexPlan.with_starts_in_range``), and the call takes the path the
+    static int takes (a strided block's set stays one copy).
     """
     items = index if isinstance(index, tuple) else (index,)
     if (not _placement.is_concrete(x) or isinstance(updates, jax.core.Tracer)
             or not any(_is_int(it) for it in items) or _transfers_guarded()):
-        return index
+        return index, frozenset()
     if not all(_is_int(it) or it is None or it is Ellipsis or _unit_static_slice(it)
                for it in items) or sum(it is Ellipsis for it in items) > 1:
-        return index
+        return index, frozenset()
     consuming = sum(it is not None and it is not Ellipsis for it in items)
     if consuming > x.ndim:
-        return index  # The parser names the fault.
-    lifted, axis = [], 0
+        return index, frozenset()  # The parser names the fault.
+    lifted, axes, axis = [], set(), 0
     for it in items:
         if it is Ellipsis:
             axis = x.ndim - (consuming - axis)
         elif it is not None:
             if _is_int(it) and 0 <= int(it) < min(x.shape[axis], 2**31 - 1):
                 it = jnp.asarray(int(it), jnp.int32)
+                axes.add(axis)
             axis += 1
         lifted.append(it)
-    return tuple(lifted) if isinstance(index, tuple) else lifted[0]
+    return (tuple(lifted) if isinstance(index, tuple) else lifted[0]), frozenset(axes)
 
 
 def _transfers_guarded() -> bool:
@@ -264,9 +270,10 @@ def read(
             unique_indices=unique_indices, backend=backend,
         )
     del unique_indices  # A read takes each row independently.
-    index = _positions_as_values(x, index)
+    index, lifted = _positions_as_values(x, index)
     plan, operands, fill = _checked_read(x, index, mode=mode, fill_value=fill_value,
                                          backend=backend)
+    plan = plan.with_starts_in_range(lifted)
     call = _local_read.ReadCall.of(
         plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted, backend=backend
     )

@@ -73,6 +73,9 @@ class Item:
     operand: int | None = None
     shape: tuple[int, ...] = ()
     static: tuple = ()
+    # An eager call's int that the front lifted to a 0-d operand (one program for every
+    # position) after seeing it in [0, axis length): its block needs no run-time check.
+    in_range: bool = False
 
     @property
     def advanced(self) -> bool:
@@ -204,6 +207,16 @@ class IndexPlan:
         lead = next((a for a, size in enumerate(sizes) if size != 1), len(sizes))
         return all(sizes[a] == self.shape[a] for a in range(lead + 1, len(sizes)))
 
+    def with_starts_in_range(self, axes: frozenset[int]) -> IndexPlan:
+        """This plan with its 0-d int operands on ``axes`` marked :attr:`Item.in_range`."""
+        if not axes:
+            return self
+        return dataclasses.replace(self, items=tuple(
+            dataclasses.replace(item, in_range=True)
+            if item.kind == "int" and item.operand is not None and item.axis in axes else item
+            for item in self.items
+        ))
+
     def block_checked_at_run_time(self, mode: str | None, *, read: bool) -> bool:
         """Whether :meth:`block`'s ``ok`` is traced: a start known only at run time
         that a dropping or filling mode must check (a write then reads the block
@@ -213,6 +226,7 @@ class IndexPlan:
         return any(
             item.kind in ("int", "ds")
             and item.operand is not None
+            and not item.in_range
             and not (item.kind == "ds" and item.static[0] == self.shape[item.axis])
             for item in self.items
         )
@@ -251,7 +265,7 @@ class IndexPlan:
                 )
                 if wraps:
                     start = xp.where(start < 0, start + dim, start)
-                if _block_checked(mode, read):
+                if _block_checked(mode, read) and not item.in_range:
                     ok = ok & (start >= 0) & (start <= dim - size)
             starts.append(xp.clip(start, 0, dim - size))
         return tuple(starts), sizes, ok

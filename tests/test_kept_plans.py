@@ -193,7 +193,9 @@ def test_an_eager_position_compiles_once_whether_a_jax_scalar_or_an_in_range_pyt
     caplog,
 ):
     # Outside jit, an in-range Python int is passed as a value (_front._positions_as_values);
-    # out of range, or a static slice's bounds, it stays part of the program.
+    # out of range, or a static slice's bounds, it stays part of the program. A lifted int
+    # was seen in range, which its program knows (no run-time check): a program of its own,
+    # compiled once for every in-range int.
     x = put(np.zeros((64, 2), np.float32))
     y = jnp.ones(2, jnp.float32)
 
@@ -208,9 +210,9 @@ def test_an_eager_position_compiles_once_whether_a_jax_scalar_or_an_in_range_pyt
 
     compiles_over([jnp.int32(40)])  # the first call of the signature compiles
     assert compiles_over([jnp.int32(k) for k in (41, 42, 43)]) == 0
-    assert compiles_over([51, 52, 53]) == 0
+    assert compiles_over([50, 51, 52, 53]) == 1
     assert compiles_over([-1, -2]) == 2  # Negative: static, as jnp wraps it at trace time.
-    assert np.asarray(x)[[40, 41, 42, 43, 51, 52, 53, 63, 62]].tolist() == [[1.0, 1.0]] * 9
+    assert np.asarray(x)[[40, 41, 42, 43, 50, 51, 52, 53, 63, 62]].tolist() == [[1.0, 1.0]] * 10
 
 
 GRID = np.arange(4 * 5 * 3, dtype=np.float32).reshape(4, 5, 3) - 20.5
@@ -227,9 +229,9 @@ LIFT_INDICES = {  # index: how many of its ints are passed as values (in range, 
 def test_eager_positions_passed_as_values_give_jnps_results(index, mode):
     # In range, each int becomes a 0-d array (_front._positions_as_values); out of range or
     # negative it stays static. Either way every op and the read give jnp's result.
-    lifted = _front._positions_as_values(put(GRID), index)
+    lifted, axes = _front._positions_as_values(put(GRID), index)
     items = lifted if isinstance(lifted, tuple) else (lifted,)
-    assert sum(isinstance(it, jax.Array) for it in items) == LIFT_INDICES[index]
+    assert sum(isinstance(it, jax.Array) for it in items) == LIFT_INDICES[index] == len(axes)
     want_get = jnp.asarray(GRID).at[index].get(
         mode=mode, **({"fill_value": -1.0} if mode == "fill" else {}))
     out_of_range = repr(index) in {repr(i) for i in (4, 7, (5, 1), (1, 5))}
@@ -256,14 +258,15 @@ def test_positions_stay_static_inside_a_trace():
         return pp.at(x)[1, 2].set(u)
 
     x = jax.jit(write, donate_argnums=0)(put(GRID), jnp.ones(3, jnp.float32))
-    assert seen == [(1, 2)]  # x is a tracer there: a user's jit compiles its positions once.
+    # x is a tracer there: a user's jit compiles its positions once.
+    assert seen == [((1, 2), frozenset())]
     want = GRID.copy()
     want[1, 2] = 1.0
     np.testing.assert_array_equal(read(x), want)
     # Concrete x with traced updates (a closed-over buffer): static too.
     concrete = put(GRID)
     jax.jit(lambda u: seen.append(_front._positions_as_values(concrete, 3, u)))(1.0)
-    assert seen[-1] == 3
+    assert seen[-1] == (3, frozenset())
 
 
 @pytest.mark.parametrize("guard", [jax.transfer_guard, jax.transfer_guard_host_to_device])
@@ -272,10 +275,44 @@ def test_under_a_transfer_guard_positions_stay_static(guard):
     x = put(GRID)
     u = jnp.full((5, 3), 1.5, jnp.float32)
     with guard("disallow"):
-        assert _front._positions_as_values(x, 2, u) == 2
+        assert _front._positions_as_values(x, 2, u) == (2, frozenset())
         x = pp.at(x)[2].set(u)
         got = pp.at(x)[2].get()
     want = GRID.copy()
     want[2] = 1.5
     np.testing.assert_array_equal(read(x), want)
     np.testing.assert_array_equal(np.asarray(got), want[2])
+
+
+@pytest.mark.parametrize("mode", [None, "drop"])
+def test_an_eager_int_takes_the_path_its_static_int_takes(monkeypatch, mode):
+    # A lifted int was seen in range, so its block needs no run-time check: an eager set
+    # of a KV cache's slot is one copy, as the same call is inside jit (where the int is
+    # static), not the rows the checked block would take. Reads and writes keep jnp's result.
+    seen = []
+    real_choose = _registry.choose
+
+    def spy(op, plan_kind, x, num_entries, backend, **kwargs):
+        chosen = real_choose(op, plan_kind, x, num_entries, backend, **kwargs)
+        seen.append((op, chosen))
+        return chosen
+
+    monkeypatch.setattr(_registry, "choose", spy)
+    cache = np.arange(16 * 9 * 3, dtype=np.float32).reshape(16, 9, 3)  # No other test's shape.
+    for jitted in (False, True):
+        def write(x):
+            return pp.at(x)[:, 5].set(-1.0, mode=mode)
+
+        got = (jax.jit(write, donate_argnums=0) if jitted else write)(put(cache))
+        np.testing.assert_array_equal(read(got), np.asarray(jnp.asarray(cache).at[:, 5].set(
+            -1.0, mode=mode)))
+        np.testing.assert_array_equal(
+            np.asarray(pp.at(put(cache))[:, 5].get(mode="fill", fill_value=0.0)), cache[:, 5])
+    # The read's plan may be kept from an earlier case; where it is traced, it is a copy too.
+    assert [chosen for op, chosen in seen if op == "set"] == ["block", "block"], seen
+    assert all(chosen == "block" for _, chosen in seen), seen
+    # Both ends of the axis, eager: the lifted value is the only thing that changes.
+    for pos in (0, 8):
+        got = pp.at(put(cache))[:, pos].set(-2.0, mode=mode)
+        np.testing.assert_array_equal(read(got), np.asarray(jnp.asarray(cache).at[:, pos].set(
+            -2.0, mode=mode)))
