@@ -53,8 +53,8 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
         once; still out of range, they become one marker that every op skips
         or fills: pass ``mode="drop"`` or ``"fill"`` to the ops then, since
         jnp's default read mode clamps); ``"clip"`` (clamped into range);
-        ``"promise_in_bounds"`` (left as they are: the caller promises they
-        are in range).
+        ``"promise_in_bounds"`` (negative entries wrap once, the rest are left
+        as they are: the caller promises they are in range).
 
     Returns:
       ``sorted_indices``: the normalized indices in ascending order (stable:

@@ -66,7 +66,8 @@ def scatter_to_host(
       The updated buffer, with ``x``'s sharding and memory kind. Duplicates:
       the last occurrence (row-major over the index) wins. Outside ``jit``
       the update happens in place and ``x`` is consumed, as if donated
-      (unless the call is being transformed, e.g. by an eager ``jax.grad``);
+      (unless the call is being transformed, e.g. by an eager ``jax.grad``, or
+      ``jax_debug_nans``/``jax_debug_infs`` is on);
       inside ``jit`` the enclosing ``donate_argnums`` decides (without
       donation XLA copies the buffer first).
 
