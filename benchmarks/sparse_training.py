@@ -50,16 +50,19 @@ updates a popular row gets per step are summed in another order by each provider
 rounding, a few 1e-7 at this scale (a few 1e-6 with a unit-scale table), while one lost update
 moves an element by ``lr * |row - target| / batch``, ~2e-5. Timing: a warm-up scan, then
 ``--repeats`` device-synchronized scans (``benchmarks.timing``); median, min and max per step.
-Every scan repeats the checked scan's ids, unless ``--fresh-ids`` gives each warm-up and timed
-scan ids of its own, drawn alike (the same permutation and hot set; the floor and cache figures
-printed are the checked scan's). The nominal PCIe floor of a step is its distinct rows read
-once and written once, ``2 * distinct * row_bytes``, at ``--pcie-gbps``, a rate given, not
-measured in the run (the H200's copies in earlier runs: 55.0 GB/s device->pinned, 49.3
-pinned->device); a bound that scattered rows do not reach, which ``transfer`` measures. A CPU
-run gives no ratio to it. Writes ``sparse_training.json`` under ``--out``; exits 1 on an error
-or a difference over the tolerance. Where the ``device`` provider errors there is no reference:
-every other table is recorded unchecked (``correct`` None, with a note), the run fails, and the
-summary gives no ratio or verdict that would need one.
+Each warm-up and timed scan draws ids of its own, drawn alike (the same permutation and hot set;
+the floor and cache figures printed are the checked scan's), as a training's steps do;
+``--repeated-ids`` repeats the checked scan's ids in every scan instead, as every run before
+2026-12-06 22:26 UTC did. That flatters the steps that touch pinned rows: on an H100 the cached
+providers took 8-11 us a step less with repeated ids
+(``benchmarks/results/sparse_fresh_h100_1206_2226/``). The nominal PCIe floor of a step is its
+distinct rows read once and written once, ``2 * distinct * row_bytes``, at ``--pcie-gbps``, a
+rate given, not measured in the run (the H200's copies in earlier runs: 55.0 GB/s
+device->pinned, 49.3 pinned->device); a bound that scattered rows do not reach, which
+``transfer`` measures. A CPU run gives no ratio to it. Writes ``sparse_training.json`` under
+``--out``; exits 1 on an error or a difference over the tolerance. Where the ``device`` provider
+errors there is no reference: every other table is recorded unchecked (``correct`` None, with a
+note), the run fails, and the summary gives no ratio or verdict that would need one.
 """
 
 from __future__ import annotations
@@ -160,7 +163,7 @@ def run_provider(name: str, table: jax.Array, ids, targets, args, reference, *,
                  timed_inputs: list[tuple] | None = None) -> dict:
     """Compiles, runs once (checked against ``reference``), then times.
 
-    ``timed_inputs`` (``--fresh-ids``): one ``(ids, targets)`` per warm-up and timed scan, in
+    ``timed_inputs`` (fresh ids, the default): one ``(ids, targets)`` per warm-up and timed scan, in
     turn, in place of the checked scan's.
 
     The :data:`REFERENCE` provider's table is the one the others are checked against
@@ -236,9 +239,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help=f"timed scans ({FULL['repeats']})")
     p.add_argument("--warmup", type=int, default=1, help="untimed scans after the checked one")
     p.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent of the ids")
-    p.add_argument("--fresh-ids", action="store_true",
-                   help="each warm-up and timed scan draws ids of its own (the same "
-                   "distribution and hot set); without it every scan repeats the checked one's")
+    ids = p.add_mutually_exclusive_group()
+    ids.add_argument("--repeated-ids", action="store_true",
+                     help="every warm-up and timed scan repeats the checked scan's ids (the runs "
+                     "before 2026-12-06 22:26 UTC); by default each draws ids of its own (the same "
+                     "distribution and hot set)")
+    ids.add_argument("--fresh-ids", action="store_true",
+                     help="each scan draws ids of its own: the default, named explicitly")
     p.add_argument("--hot-rows", type=int, default=None,
                    help=f"rows the ours_hot providers keep in device memory ({FULL['hot_rows']})")
     p.add_argument("--lr", type=float, default=0.5)
@@ -254,6 +261,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=environment.REPO / "benchmarks" / "results")
     environment.add_xla_option(p)
     args = p.parse_args(argv)
+    args.fresh_ids = not args.repeated_ids
     if args.cpu:
         jax.config.update("jax_platforms", "cpu")
     args.gpu = not args.cpu and environment.has_gpu()
@@ -270,7 +278,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def make_inputs(args):
     """Initial table (device), ids and targets (device), ids as numpy, the hot ids (the most
     frequent of a profile window drawn apart, spread by the same permutation), and with
-    ``--fresh-ids`` one more set of ids per warm-up and timed scan, drawn apart too."""
+    fresh ids (the default) one more set of ids per warm-up and timed scan, drawn apart too."""
     rng = np.random.default_rng([args.seed, args.rows, args.dim, args.batch])
     ids, spread = zipf_spread(rng, args.rows, (args.steps, args.batch), args.zipf_s)
     profile = zipf_ranks(np.random.default_rng([args.seed, args.rows, 1]), args.rows,
@@ -317,8 +325,11 @@ def main(argv=None) -> int:
           f"the entries; distinct cold ids per step: mean {cache['cold_distinct_mean']:.0f}",
           flush=True)
     if fresh:
-        print(f"--fresh-ids: each of the {len(fresh)} warm-up and timed scans draws ids of its "
+        print(f"fresh ids: each of the {len(fresh)} warm-up and timed scans draws ids of its "
               f"own; the checked scan's ids above", flush=True)
+    else:
+        print("--repeated-ids: every warm-up and timed scan repeats the checked scan's ids",
+              flush=True)
     records, reference = [], None
     # One shape for every set's transfer rows: the widest step of the checked or a fresh set.
     width = max(int(d.max()) for d in [distinct, *map(distinct_per_step, fresh)])

@@ -216,18 +216,27 @@ def _ids_each_scan_is_timed_with(tmp_path, monkeypatch, extra: list[str]) -> dic
     return dict(zip(sparse_training.PROVIDERS, seen.values(), strict=True))
 
 
-def test_sparse_training_repeats_the_checked_ids_in_every_timed_scan_by_default(
+def test_sparse_training_repeated_ids_repeat_the_checked_ids_in_every_timed_scan(
         tmp_path, monkeypatch):
-    seen = _ids_each_scan_is_timed_with(tmp_path, monkeypatch, [])
+    seen = _ids_each_scan_is_timed_with(tmp_path, monkeypatch, ["--repeated-ids"])
     checked = sparse_training.make_inputs(sparse_training.parse_args(["--quick"]))[3]
     for name in ("device", "ours_hot_xla_add"):
         assert len(seen[name]) == 3  # one warm-up, two timed
         assert all(np.array_equal(ids, checked) for ids in seen[name])
+    meta = json.loads((tmp_path / "sparse_training.json").read_text())["meta"]
+    assert meta["fresh_ids"] is False
+
+
+@pytest.mark.parametrize("flag", [[], ["--fresh-ids"]], ids=["default", "named"])
+def test_sparse_training_draws_fresh_ids_by_default(flag):
+    assert sparse_training.parse_args(["--quick", *flag]).fresh_ids is True
+    with pytest.raises(SystemExit):
+        sparse_training.parse_args(["--quick", "--fresh-ids", "--repeated-ids"])
 
 
 def test_sparse_training_fresh_ids_give_each_scan_ids_of_its_own(tmp_path, monkeypatch):
-    seen = _ids_each_scan_is_timed_with(tmp_path, monkeypatch, ["--fresh-ids"])
-    args = sparse_training.parse_args(["--quick", "--repeats", "2", "--fresh-ids"])
+    seen = _ids_each_scan_is_timed_with(tmp_path, monkeypatch, [])
+    args = sparse_training.parse_args(["--quick", "--repeats", "2"])
     _, _, _, checked, hot_ids, fresh = sparse_training.make_inputs(args)
     assert len(fresh) == 3
     for name in ("device", "ours_hot_xla_add"):  # the same sets, in the same order

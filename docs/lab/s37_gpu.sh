@@ -15,7 +15,7 @@ if [ "${XLAPATH:-0}" = 1 ]; then
   if [[ $gpu == *H200* ]]; then
     for hot in 262144 1048576; do
       for ids in repeated fresh; do
-        flag=$([ $ids = fresh ] && echo --fresh-ids)
+        flag=$([ $ids = repeated ] && echo --repeated-ids)  # fresh: the default since 37
         run "sparse_${ids}_$hot" 90 30 python3 -m benchmarks.sparse_training $G \
           --hot-rows "$hot" $flag --out "$WORK/${ids}_$hot"
       done
