@@ -54,7 +54,7 @@ Each warm-up and timed scan draws ids of its own, drawn alike (the same permutat
 the floor and cache figures printed are the checked scan's), as a training's steps do;
 ``--repeated-ids`` repeats the checked scan's ids in every scan instead, as every run before
 2026-12-06 22:26 UTC did. That flatters the steps that touch pinned rows: on an H100 the cached
-providers took 8-11 us a step less with repeated ids
+providers took 5-12.5 us a step less with repeated ids
 (``benchmarks/results/sparse_fresh_h100_1206_2226/``). The nominal PCIe floor of a step is its
 distinct rows read once and written once, ``2 * distinct * row_bytes``, at ``--pcie-gbps``, a
 rate given, not measured in the run (the H200's copies in earlier runs: 55.0 GB/s

@@ -236,8 +236,8 @@ class IndexPlan:
 
         Starts are clamped as ``dynamic_slice`` clamps them (jnp's clip
         semantics). ``ok`` says whether a dropping (writes) or filling (reads)
-        mode keeps the block: a Python bool when every start is static, else
-        a traced bool.
+        mode keeps the block: a Python bool when every start is static or
+        known in range (:attr:`Item.in_range`), else a traced bool.
         """
         wide = index_dtype()
         starts, sizes, ok = [], self.block_sizes, True

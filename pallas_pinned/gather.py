@@ -62,8 +62,8 @@ def gather_from_host(
         before anything runs. TypeError under ``jax.grad``/``jax.jvp`` with
         respect to a host ``x`` (a device ``x`` differentiates like jnp's
         gather); NotImplementedError under ``jax.vmap`` over a host ``x``
-        (vmap over index arrays is folded into one read; over a block's start,
-        one copy per batch entry).
+        (vmap over index arrays is folded into one read; over a block's start
+        of a host ``x``, one copy per batch entry).
     """
     return _front.read(
         x, indices, mode=mode, fill_value=fill_value, indices_are_sorted=indices_are_sorted,

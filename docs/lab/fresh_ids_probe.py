@@ -1,7 +1,7 @@
 """Session 37's probe: which part of the cached client's step slows with fresh ids (GPU; lab).
 
 On the H100 of 2026-12-06 22:26 UTC (``benchmarks/results/sparse_fresh_h100_1206_2226/``),
-``benchmarks.sparse_training --fresh-ids`` took the cached providers 8-12 us a step slower
+``benchmarks.sparse_training --fresh-ids`` took the cached providers 5-12.5 us a step slower
 than the runs that repeat the checked scan's ids in every timed scan (``ours_hot_xla_add``
 23.8 -> 34.6 at 2**18 hot rows, 23.1 -> 30.9 at 2**20), while the device table did not slow
 and ``ours`` moved by 0.1-4.6. Here each part of ``ours_hot_xla_add``'s step runs alone in a

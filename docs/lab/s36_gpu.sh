@@ -26,7 +26,9 @@ source docs/lab/call_stages.sh
 if [ "${FRESH:-0}" = 1 ]; then  # the third call: repeated against fresh ids, in turn
   for hot in 262144 1048576; do
     for ids in repeated fresh; do
-      flag=$([ $ids = fresh ] && echo --fresh-ids)
+      # As it ran (22:26 UTC) repeated ids were the default; since session 37 fresh ids are,
+      # so each arm names its own (--fresh-ids is still accepted).
+      flag=$([ $ids = fresh ] && echo --fresh-ids || echo --repeated-ids)
       run "sparse_${ids}_$hot" 90 30 python3 -m benchmarks.sparse_training $G --hot-rows "$hot" \
         $flag --out "$WORK/${ids}_$hot"
     done
