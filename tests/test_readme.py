@@ -16,9 +16,12 @@ verbatim. Choices, and why:
 * The blocks themselves use modest sizes (tens of MiB at most), so there is
   nothing to shrink here; a block that needs a GPU-sized buffer is a README bug.
 
-The second half re-checks, on the installed jax, the rules the README states for
-jnp's index modes (``x.at[i].get/set/add(..., mode=...)``), which the README says
-were checked on jax 0.11.2, 0.12.0.1 and 0.12.1.
+The README's shape is pinned too: its size, where its first example starts, that
+every results file the docs cite exists, and that its two commands are dev.sh's.
+
+The second half re-checks, on the installed jax, the rules of jnp's index modes
+(``x.at[i].get/set/add(..., mode=...)``) that the ops follow ("the other modes are
+jnp's"; ``scatter_to_host``'s docstring states them).
 """
 
 from __future__ import annotations
@@ -63,11 +66,56 @@ def python_blocks(text: str) -> list[tuple[str, int, str]]:
 
 
 BLOCKS = python_blocks(README.read_text())
+README_MAX_BYTES = 12_000  # A reader's ten minutes (the docs issue's target: 12 KB).
+FIRST_EXAMPLE_BY_LINE = 120
+# The documents whose figures cite result files: each cited file must be committed.
+CITING_DOCS = ("README.md", "docs/PERFORMANCE.md", "docs/GPU_RUNS.md", "benchmarks/README.md")
+RESULT_PATH = re.compile(r"benchmarks/results/[A-Za-z0-9_./{},-]*[A-Za-z0-9_/}]")
+# A result named without its folder, in backticks: `loop_quick_h200.json`, `sparse_hot_h200_x/`.
+BARE_RESULT = re.compile(r"`([A-Za-z0-9_]+_h[12]00[A-Za-z0-9_./{},*-]*)`")
 
 
 def test_readme_has_python_blocks():
     # Guards the extraction itself: a changed fence style must not silently test nothing.
     assert len(BLOCKS) >= 2, f"found {len(BLOCKS)} ```python blocks in README.md"
+
+
+def test_readme_is_short_and_starts_with_an_example():
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes; at most {README_MAX_BYTES}"
+    first = BLOCKS[0][1]
+    assert first <= FIRST_EXAMPLE_BY_LINE, f"the first python block starts at line {first}"
+
+
+def _expand_braces(path: str) -> list[str]:
+    """``a.{json,log}`` -> ``a.json``, ``a.log`` (one brace group, as the docs write them)."""
+    match = re.search(r"\{([^{}]*)\}", path)
+    if not match:
+        return [path]
+    head, tail = path[: match.start()], path[match.end() :]
+    return [head + part + tail for part in match.group(1).split(",")]
+
+
+@pytest.mark.parametrize("doc", CITING_DOCS)
+def test_every_cited_result_file_is_committed(doc):
+    text = (REPO / doc).read_text()
+    cited = sorted({p for raw in RESULT_PATH.findall(text) for p in _expand_braces(raw)})
+    missing = [p for p in cited if p != "benchmarks/results/" and not (REPO / p).exists()]
+    results = REPO / "benchmarks" / "results"
+    for raw in BARE_RESULT.findall(text):
+        for name in _expand_braces(raw):
+            if not list(results.glob(name.rstrip("/"))):
+                missing.append(f"benchmarks/results/{name}")
+    assert not missing, f"{doc} cites result files that are not in the tree: {missing}"
+    assert "docs/lab" not in text, f"{doc} still points into docs/lab/, which is gone"
+
+
+def test_readme_commands_are_dev_sh_commands():
+    commands = set(re.findall(r"^bash dev\.sh (\w+)", README.read_text(), re.MULTILINE))
+    assert commands == {"demo", "test"}, commands
+    dev_sh = (REPO / "dev.sh").read_text()
+    for command in commands:
+        assert re.search(rf"^\s*{command}\)", dev_sh, re.MULTILINE), f"dev.sh has no {command!r}"
 
 
 def test_fence_parser():
@@ -108,9 +156,9 @@ def test_readme_block_runs_on_cpu(heading, line, code, tmp_path):
     )
 
 
-# --- The README's statement of jnp's index modes, re-checked on the installed jax. ---------------
-# The README says which jax versions it checked ("jnp's modes, checked"); CI installs the newest
-# jax, so a change in jnp's rules shows up here instead of silently falsifying the README.
+# --- jnp's index modes, as the ops follow them, re-checked on the installed jax. -----------------
+# CI installs the newest jax, so a change in jnp's rules shows up here instead of silently
+# falsifying what the README and the ops' docstrings say.
 
 _ROWS = 5
 _INDICES = np.array([0, 4, -1, -5, -6, 5, 7, -12])  # in range, wrapping once, out of range
