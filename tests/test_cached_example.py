@@ -1,0 +1,28 @@
+"""``examples/cached_embedding.py`` runs small on CPU, in a child process, and passes its checks.
+
+It trains a recommender with its table pinned and cached, checkpoints half way with orbax,
+resumes, and compares both runs and a device-table training itself: its exit status is
+the test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cached_embedding.py"
+
+
+def test_cached_embedding_example_resumes_from_its_checkpoint_and_checks_itself():
+    pytest.importorskip("orbax.checkpoint")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "16"], capture_output=True,
+                            text=True, timeout=300, env=env, check=False)
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert out.rstrip().endswith("OK") and "MISMATCH" not in out, out
+    assert "checkpoint at step 8" in out, out
