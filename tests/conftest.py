@@ -18,6 +18,7 @@ import zlib
 import jax
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 # Two CPU devices for the cross-device error tests. The option must be set
 # before jax initializes its backends, i.e. before anything asks for devices.
@@ -36,6 +37,20 @@ from tests.helpers import (  # noqa: E402  (may initialize backends)
 if not has_gpu() and "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ:
     os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
     jax.config.update("jax_disable_most_optimizations", True)
+
+# Property tests (hypothesis) draw the same examples on every run, so that CI is
+# reproducible and a failure repeats; each test sets its own (modest) count through
+# tests/helpers.py's examples(). HYPOTHESIS_PROFILE=explore draws fresh ones.
+_PROFILE = {
+    "deadline": None,  # first examples compile: their time says nothing
+    "database": None,
+    "print_blob": True,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
+                              HealthCheck.differing_executors],
+}
+settings.register_profile("ci", derandomize=True, **_PROFILE)
+settings.register_profile("explore", derandomize=False, **_PROFILE)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # The modules that take longest (child processes, whole notebooks) go first: with
 # several workers (dev.sh: pytest-xdist, one module per worker at a time, in

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from pallas_pinned import testing
 from pallas_pinned.testing import assert_same, gather_oracle, scatter_oracle
@@ -152,6 +154,19 @@ VALUE_BACKENDS = [
 assert sorted(p if isinstance(p, str) else p.values[0] for p in BACKENDS) == sorted(
     testing.BACKENDS
 ), "tests/helpers.py must list every backend of pallas_pinned.testing.BACKENDS"
+
+
+# --- property tests ----------------------------------------------------------------
+#
+# conftest.py loads a derandomized hypothesis profile: every run draws the same examples.
+# PALLAS_PINNED_EXAMPLES scales every test's count (e.g. 10 for a deeper local search,
+# with HYPOTHESIS_PROFILE=explore for fresh draws).
+EXAMPLES_SCALE = float(os.environ.get("PALLAS_PINNED_EXAMPLES", "1"))
+
+
+def examples(count: int):
+    """``@settings`` with ``count`` examples (times PALLAS_PINNED_EXAMPLES), the profile's rest."""
+    return settings(max_examples=max(1, round(count * EXAMPLES_SCALE)))
 
 
 # --- placement -----------------------------------------------------------------
