@@ -4,7 +4,8 @@
 #   bash dev.sh test [args]   ruff, then the test suite on up to 4 cores (pytest args
 #                             pass through); it lists the 15 slowest tests at the end.
 #                             Without args it then runs the jax-triton 0.4 tests in
-#                             .venv-jt04 (jax-triton 0.4.1 + triton >= 3.7)
+#                             .venv-jt04 (jax-triton 0.4.1 + triton >= 3.7), whose
+#                             install runs in the background beside the main suite
 # Both create .venv with Python 3.12 (pyenv reads .python-version) and install
 # the package with its test extra. PYTHON=/path/to/python3.12 overrides.
 # PALLAS_PINNED_EXTRAS picks the extras (default "test": CPU-only jax); on a GPU
@@ -37,8 +38,9 @@ setup() {
   local extras=${PALLAS_PINNED_EXTRAS:-test}
   if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ] \
       || [ "$(cat .venv/.installed)" != "$extras" ]; then
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[$extras]"
+    # pip's own upgrade is skipped (a network round trip and a reinstall, on every fresh
+    # clone); pip's wheel cache serves the rest on a machine that installed them once.
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"
     echo "$extras" > .venv/.installed
   fi
 }
@@ -46,8 +48,8 @@ setup() {
 setup_jax_triton_04() {
   if [ ! -x .venv-jt04/bin/python ]; then "$(find_python)" -m venv .venv-jt04; fi
   if [ ! -f .venv-jt04/.installed ] || [ pyproject.toml -nt .venv-jt04/.installed ]; then
-    .venv-jt04/bin/python -m pip install -q --upgrade pip
-    .venv-jt04/bin/python -m pip install -q -e ".[test-jax-triton-04]"
+    .venv-jt04/bin/python -m pip install -q --disable-pip-version-check \
+      -e ".[test-jax-triton-04]"
     touch .venv-jt04/.installed
   fi
 }
@@ -58,18 +60,31 @@ case "$command" in
   demo) setup; exec .venv/bin/python -m pallas_pinned "$@" ;;
   test)
     setup
+    # The jax-triton 0.4 environment installs while the main suite runs (mostly
+    # download and unpacking, which the suite's compiles leave room for).
+    jt04_pid=
+    if [ "$#" -eq 0 ]; then
+      jt04_log=$(mktemp)
+      setup_jax_triton_04 >"$jt04_log" 2>&1 &
+      jt04_pid=$!
+    fi
     .venv/bin/ruff check .
     # One pytest-xdist worker per core, at most 4 (each imports jax and compiles
     # its own programs); a module stays on one worker (module fixtures run
     # once), in the order conftest.py gives. -n 0 runs in one process.
     workers=$(nproc 2>/dev/null || echo 2)
     if [ "$workers" -gt 4 ]; then workers=4; fi
+    status=0
     .venv/bin/python -m pytest --durations=15 -n "$workers" --dist loadfile \
-      --no-loadscope-reorder -m "not jax_triton_04" "$@"
-    if [ "$#" -gt 0 ]; then exit 0; fi
+      --no-loadscope-reorder -m "not jax_triton_04" "$@" || status=$?
+    if [ "$#" -gt 0 ]; then exit "$status"; fi
     # jax-triton 0.4 needs triton >= 3.7, which cannot sit beside the [triton] pair
     # (jax-triton 0.3.1 + triton 3.6): its tests run in an environment of their own.
-    setup_jax_triton_04
+    if ! wait "$jt04_pid"; then
+      cat "$jt04_log" >&2; echo "installing .venv-jt04 failed" >&2; exit 1
+    fi
+    rm -f "$jt04_log"
+    if [ "$status" -ne 0 ]; then exit "$status"; fi
     exec .venv-jt04/bin/python -m pytest -q -p no:cacheprovider -m jax_triton_04 \
       tests/test_triton_launch.py tests/test_triton_guard.py ;;
   *) echo "usage: bash dev.sh {demo|test} [args...]" >&2; exit 2 ;;
