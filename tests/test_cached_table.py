@@ -7,6 +7,7 @@ device table, the prefetch hazard, the refusals, and the benchmark's quick mode.
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import hypothesis.strategies as st
@@ -256,6 +257,15 @@ def test_runs_under_a_users_jit_with_the_cache_donated():
     cache = ct.flush(cache)
     np.testing.assert_allclose(_np(cache.table), want, atol=TOL)
     assert cache.table.unsafe_buffer_pointer() == table_pointer  # updated in place
+
+
+def test_the_public_module_keeps_its_surface():
+    # The implementation lives in private modules; users import this one module.
+    surface = {"POLICIES", "CacheStats", "CachedTable", "Rows", "add_rows", "create", "flush",
+               "lookup", "refresh", "reset_stats", "scan", "set_rows", "stats"}
+    assert set(ct.__all__) == surface
+    assert all(hasattr(ct, name) for name in surface)
+    assert "_patch_staged" in inspect.signature(ct.scan).parameters
 
 
 def test_benchmark_quick_runs_on_cpu_and_writes_its_json(tmp_path):
