@@ -6,6 +6,7 @@ benchmarks); this module only adapts them to the tests' habits.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -16,6 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import settings
+from hypothesis import strategies as st
 
 from pallas_pinned import testing
 from pallas_pinned.testing import assert_same, gather_oracle, scatter_oracle
@@ -167,6 +169,84 @@ EXAMPLES_SCALE = float(os.environ.get("PALLAS_PINNED_EXAMPLES", "1"))
 def examples(count: int):
     """``@settings`` with ``count`` examples (times PALLAS_PINNED_EXAMPLES), the profile's rest."""
     return settings(max_examples=max(1, round(count * EXAMPLES_SCALE)))
+
+
+INDEX_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+
+
+@dataclasses.dataclass
+class RowCase:
+    """One call of a row op, drawn by :func:`row_cases`: a buffer of fresh random data, row
+    indices (negative, out of range, repeated, unless a promise says otherwise), a mode, the
+    promises, where the buffer lives, and whether the call runs under jit."""
+
+    num_rows: int
+    row_shape: tuple
+    dtype: str
+    indices: np.ndarray
+    mode: str | None
+    promises: dict
+    kind: str
+    jitted: bool
+    seed: int
+
+    def rng(self):
+        return np.random.default_rng(self.seed)
+
+    def jnp_indices(self):
+        """The indices as jnp takes them (32-bit without x64), or None where they do not fit."""
+        idx = self.indices.astype(object)
+        if idx.size and (idx.min() < -(2**31) or idx.max() >= 2**31):
+            return None
+        return jnp.asarray(self.indices.astype(np.int64).astype(np.int32))
+
+
+@st.composite
+def row_cases(draw, dtypes, modes, *, counts=(0, 1, 5, 29)) -> RowCase:
+    """A :class:`RowCase`, for the row ops' property tests (test_scatter, _gather, _add)."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    dtype = draw(st.sampled_from(dtypes))
+    row_shape = draw(st.sampled_from([(3,), (), (100,), (4, 25), (1,), (0,)]))
+    num_rows = draw(st.sampled_from([37, 1, 6]))
+    promise = draw(st.sampled_from(["none", "none", "none", "unique", "sorted", "both"]))
+    if promise == "none":
+        shape = draw(st.sampled_from([(n,) for n in counts] + [(4, 5)]))
+        idx = mixed_indices(rng, num_rows, shape)
+        mode = draw(st.sampled_from(modes))
+    else:
+        # Honest promises: distinct and/or ascending rows, some past the end (dropped).
+        n = draw(st.sampled_from([c for c in counts if c <= num_rows + 3]))
+        idx = (rng.permutation(num_rows + 3)[:n] if promise in ("unique", "both")
+               else rng.integers(0, num_rows + 3, size=n))
+        if promise in ("sorted", "both"):
+            idx = np.sort(idx)
+        mode = None
+    index_dtype = draw(st.sampled_from(("int32",) * 3 + INDEX_DTYPES))
+    # Narrow types wrap as numpy casts them (the same array goes to both sides).
+    idx = np.asarray(idx).astype(np.int64).astype(index_dtype)
+    promises = {"unique_indices": promise in ("unique", "both"),
+                "indices_are_sorted": promise in ("sorted", "both")}
+    return RowCase(num_rows, row_shape, dtype, idx, mode, promises,
+                   draw(st.sampled_from(["pinned_host", "pinned_host", "device"])),
+                   draw(st.booleans()), seed)
+
+
+def run_row_op(op, case: RowCase, x0, *args, donate=True, **kwargs):
+    """``op(x, indices, *args)`` on ``x0`` placed as ``case`` says, eagerly or under a jit
+    (donating x where ``donate``). Indices that jax holds in 32 bits are an argument of the
+    jit; wider ones (x64 is off) stay numpy, closed over, as a user's constant would be."""
+    x = put(x0, case.kind)
+    kwargs = dict(kwargs, mode=case.mode, **case.promises)
+    if not case.jitted:
+        return x, op(x, case.indices, *args, **kwargs)
+    donated = (0,) if donate else ()
+    traced = case.jnp_indices()
+    if traced is None:
+        run = jax.jit(lambda x, *a: op(x, case.indices, *a, **kwargs), donate_argnums=donated)
+        return x, run(x, *args)
+    run = jax.jit(lambda x, i, *a: op(x, i, *a, **kwargs), donate_argnums=donated)
+    return x, run(x, traced, *args)
 
 
 # --- placement -----------------------------------------------------------------

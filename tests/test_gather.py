@@ -15,74 +15,54 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pallas_pinned import tuning
 from pallas_pinned.gather import gather_from_host
 from pallas_pinned.testing import assert_same, gather_oracle, make_values
-from tests.helpers import BACKENDS, VALUE_BACKENDS, check_gather, mixed_indices, put, read
+from tests.helpers import (
+    BACKENDS,
+    VALUE_BACKENDS,
+    check_gather,
+    examples,
+    mixed_indices,
+    put,
+    read,
+    row_cases,
+    run_row_op,
+)
 
 GATHER_DTYPES = ["float32", "bfloat16", "float16", "int32", "int8", "uint8", "bool"]
 GATHER_MODES = [None, "fill", "drop", "clip", "promise_in_bounds"]
-# A read takes one of two row paths, whatever the dtype: "fill" and "drop" give
-# fill values (each dtype's default), the other modes clamp. Every dtype goes
-# through both; every mode through float32.
-DTYPE_MODES = [(dtype, mode) for dtype in GATHER_DTYPES for mode in ("fill", "clip")] + [
-    ("float32", mode) for mode in GATHER_MODES if mode not in ("fill", "clip")
-]
-
-
 @pytest.fixture
 def small_sort_crossover():
     """Makes batches of 64+ rows take the sorted (coalescing) kernel path.
 
     The thresholds are part of the ops' jit cache keys, so no cache clearing.
     """
-    with tuning.override(sort_min_gathers=64):
+    with tuning.override(sort_from=64):
         yield
 
 
 @pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize(("dtype", "mode"), DTYPE_MODES)
-def test_gather_dtypes_and_modes(rng, backend, dtype, mode):
-    # Every jnp get mode on one batch of negative, out-of-range and repeated
-    # rows, each dtype's default fill value included.
-    x0 = make_values(rng, (17, 3), dtype)
-    idx = mixed_indices(rng, 17, (4, 5))
-    out = gather_from_host(put(x0), jnp.asarray(idx), mode=mode, backend=backend)
-    check_gather(out, x0, idx, mode)
-
-
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize(
-    "row_shape",
-    [
-        (),  # rank 1: one element per row
-        (3,),  # rank 2, width off any power of two
-        (100,),  # width not a multiple of the column block
-        (4, 25),  # rank 3: rows flattened to 100 elements
-        (0,),  # rows of no elements: an empty result of the right shape
-    ],
-)
-def test_gather_row_shapes(rng, backend, row_shape):
-    x0 = make_values(rng, (23, *row_shape), "float32")
-    idx = mixed_indices(rng, 23, (11,))
-    check_gather(gather_from_host(put(x0), idx, mode="fill", backend=backend), x0, idx, "fill")
-
-
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize(
-    "n",
-    [
-        0,  # empty: nothing read, an empty device array comes back
-        1,  # a single row
-        5,  # the issue's example size
-        1027,  # several row blocks for width 3, the last one partial
-    ],
-)
-def test_gather_counts(rng, backend, n):
-    x0 = make_values(rng, (1500, 3), "float32")
-    idx = mixed_indices(rng, 1500, (n,))
-    check_gather(gather_from_host(put(x0), idx, mode="fill", backend=backend), x0, idx, "fill")
+@examples(25)
+@given(case=row_cases(GATHER_DTYPES, GATHER_MODES), fill=st.sampled_from([None, 2.5, -1, 0]))
+def test_gather_follows_the_oracle_and_jnp(backend, case, fill):
+    # Every dtype (each one's default fill value), row shape, count, mode, index dtype,
+    # honest promise, memory kind, fill value; 1-D and 2-D indices; eagerly and under jit.
+    x0 = make_values(case.rng(), (case.num_rows, *case.row_shape), case.dtype)
+    if case.dtype == "bool" and fill is not None:
+        fill = bool(fill)
+    x, out = run_row_op(gather_from_host, case, x0, donate=False, fill_value=fill,
+                        backend=backend)
+    assert out.sharding.memory_kind == "device", out.sharding
+    assert_same(read(out), gather_oracle(x0, case.indices, case.mode, fill), what="oracle")
+    jnp_indices = case.jnp_indices()
+    if jnp_indices is not None:
+        want = jnp.asarray(x0).at[jnp_indices].get(mode=case.mode, fill_value=fill)
+        assert_same(read(out), np.asarray(want), what="vs jnp")
+    assert not x.is_deleted()
 
 
 @pytest.mark.parametrize("backend", VALUE_BACKENDS)
@@ -130,19 +110,6 @@ def test_gather_index_forms(rng, backend, index):
     expected = np.asarray(jnp.asarray(x0).at[jnp_index].get())
     assert out.sharding.memory_kind == "device"
     assert_same(read(out), expected)
-
-
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize("index_dtype", ["int8", "uint8", "int16", "int32", "int64"])
-def test_gather_index_dtypes(rng, backend, index_dtype):
-    # Narrow index types must not overflow when negatives wrap.
-    x0 = make_values(rng, (100, 2), "float32")
-    info = np.iinfo(index_dtype)
-    idx = np.array(
-        [5, 99, max(info.min, -100), min(info.max, 150), 0, max(info.min, -1)], index_dtype
-    )
-    out = gather_from_host(put(x0), idx, mode="fill", backend=backend)
-    assert_same(read(out), gather_oracle(x0, idx, "fill"))
 
 
 @pytest.mark.parametrize("backend", VALUE_BACKENDS)

@@ -10,28 +10,35 @@ up as a mismatch against the oracle.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jax import lax
 
 import pallas_pinned as pp
-from pallas_pinned.testing import ScatterSpec, make_indices, make_values
+from pallas_pinned.testing import ScatterSpec, assert_same, make_indices, make_values
 from tests.helpers import (
     BACKENDS,
     KERNEL_BACKENDS,
     VALUE_BACKENDS,
     check_scatter,
+    examples,
     has_gpu,
     put,
     read,
+    row_cases,
+    run_row_op,
 )
 
 DTYPES = ["float32", "bfloat16", "float16", "int32", "int8", "uint8", "bool"]
 # "drop" is what None does for a write (the same code); fill and drop against
 # jnp's: tests/test_semantics.py.
-MODES = [None, "clip"]
+MODES = [None, "clip", "drop"]
 
 # The rng fixture (conftest.py) seeds each case by a CRC of its test id.
 
@@ -47,39 +54,20 @@ def _run(rng, backend, spec, *, mode=None, kind="pinned_host", **kwargs):
 
 
 @pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_dtypes(rng, backend, dtype):
-    # Out-of-range, negative and repeated indices in one batch, every dtype.
-    _run(rng, backend, ScatterSpec(37, (3,), dtype, 29, "random_any"))
-
-
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize(
-    "row_shape",
-    [
-        (),  # rank 1: one element per row, the PCIe-transaction-bound case
-        (3,),  # rank 2, width off any power of two
-        (100,),  # width not a multiple of the column block
-        (1000,),  # 4000-byte rows: one column block with a masked tail
-        (4, 25),  # rank 3: rows flattened to 100 elements
-    ],
-)
-def test_row_shapes(rng, backend, row_shape):
-    _run(rng, backend, ScatterSpec(23, row_shape, "float32", 11, "random_dup25"))
-
-
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize(
-    "n_updates",
-    [
-        0,  # empty: nothing written, nothing launched
-        1,  # a single row
-        5,  # the user's example size
-        1027,  # above the sort threshold and not a multiple of any block
-    ],
-)
-def test_update_counts(rng, backend, n_updates):
-    _run(rng, backend, ScatterSpec(1500, (3,), "float32", n_updates, "random_dup25"))
+@examples(25)
+@given(case=row_cases(DTYPES, MODES), scalar=st.booleans())
+def test_scatter_follows_the_oracle_and_jnp(backend, case, scalar):
+    # Every dtype, row shape, count, mode, index dtype, honest promise, memory kind; 1-D
+    # and 2-D indices; eagerly and under a donating jit; a scalar or a full update.
+    rng = case.rng()
+    x0 = make_values(rng, (case.num_rows, *case.row_shape), case.dtype)
+    upd = make_values(rng, () if scalar else case.indices.shape + case.row_shape, case.dtype)
+    _, out = run_row_op(pp.scatter_to_host, case, x0, jnp.asarray(upd), backend=backend)
+    check_scatter(out, x0, case.indices, upd, case.mode, kind=case.kind)
+    jnp_indices = case.jnp_indices()
+    if jnp_indices is not None and not has_gpu():  # jnp's order of duplicates: XLA CPU's
+        want = jnp.asarray(x0).at[jnp_indices].set(upd, mode=case.mode)
+        assert_same(read(out), np.asarray(want), what="vs jnp")
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
@@ -93,13 +81,6 @@ def test_multiple_column_blocks(rng, backend):
 def test_multiple_row_blocks(rng, backend):
     # 4096 float32 rows of width 1 fill one program; 4099 spill into a second.
     _run(rng, backend, ScatterSpec(9000, (), "float32", 4099, "random_unique"))
-
-
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("pattern", ["random_any", "random_dup25", "sorted", "contiguous"])
-def test_modes_and_patterns(rng, backend, mode, pattern):
-    _run(rng, backend, ScatterSpec(41, (2,), "int32", 33, pattern), mode=mode)
 
 
 @pytest.mark.parametrize("backend", VALUE_BACKENDS)
@@ -122,18 +103,6 @@ def test_last_duplicate_wins(backend):
     np.testing.assert_array_equal(out[2], upd[1, 0])
     np.testing.assert_array_equal(out[5], upd[1, 2])
     np.testing.assert_array_equal(out[0], upd[1, 1])
-
-
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize("promise", ["unique", "sorted", "both"])
-def test_honest_promises(rng, backend, promise):
-    # unique_indices / indices_are_sorted skip work but keep the result.
-    spec = ScatterSpec(2000, (3,), "float32", 1500, "sorted")
-    kwargs = {
-        "unique_indices": promise in ("unique", "both"),
-        "indices_are_sorted": promise in ("sorted", "both"),
-    }
-    _run(rng, backend, spec, **kwargs)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -163,36 +132,6 @@ def test_python_index_forms(rng, backend, index):
     check_scatter(pp.scatter_to_host(put(x0), index, upd, backend=backend), x0, idx, upd)
 
 
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-def test_scalar_updates_broadcast(rng, backend):
-    x0 = make_values(rng, (10, 4), "float32")
-    idx = np.array([1, 8, 3])
-    check_scatter(pp.scatter_to_host(put(x0), idx, 2.5, backend=backend), x0, idx, 2.5)
-
-
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-def test_two_dimensional_indices(rng, backend):
-    x0 = make_values(rng, (20, 5), "bfloat16")
-    idx = rng.integers(-20, 25, size=(4, 3))
-    upd = make_values(rng, (4, 3, 5), "bfloat16")
-    check_scatter(pp.scatter_to_host(put(x0), idx, upd, backend=backend), x0, idx, upd)
-
-
-@pytest.mark.parametrize("backend", VALUE_BACKENDS)
-@pytest.mark.parametrize(
-    "index_dtype", ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
-)
-def test_index_dtypes(rng, backend, index_dtype):
-    # Narrow types must not overflow when negatives wrap; wide numpy values
-    # that jax cannot hold (x64 off) must still be dropped, not truncated.
-    x0 = make_values(rng, (100, 2), "float32")
-    info = np.iinfo(index_dtype)
-    idx = np.array([5, 99, info.max, info.min, 0, 17], dtype=index_dtype)
-    upd = make_values(rng, (idx.size, 2), "float32")
-    out = pp.scatter_to_host(put(x0), idx, upd, backend=backend)
-    check_scatter(out, x0, idx, upd)
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_updates_are_cast_like_jnp(rng, backend):
     # float64 updates into bfloat16 and int updates into float32, with values that
@@ -210,13 +149,6 @@ def test_updates_are_cast_like_jnp(rng, backend):
     out = pp.scatter_to_host(put(x_f32), 2, upd_int, backend=backend)
     want = jnp.asarray(x_f32).at[2].set(upd_int)
     assert np.asarray(out).tobytes() == np.asarray(want).tobytes()
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", ["pinned_host", "device"])
-def test_memory_kinds(rng, backend, kind):
-    # Any memory kind works and the result stays where the buffer was.
-    _run(rng, backend, ScatterSpec(50, (7,), "float32", 20, "random_any"), kind=kind)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -324,34 +256,12 @@ def test_pallas_backend_on_cpu_names_the_alternatives():
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-@pytest.mark.parametrize("threshold", [0, 10**9])
-def test_sort_threshold_never_changes_results(rng, monkeypatch, backend, threshold):
-    # Unique indices are sorted only from sort_min_updates on (past the one-launch
-    # set, turned off here); both sides of the crossover must give the same buffer.
-    sorted_calls = _spy_drop_superseded(monkeypatch)
-    with pp.tuning.override(sort_min_updates=threshold, fused_max_updates=0):
-        spec = ScatterSpec(300, (5,), "float32", 200, "random_unique")
-        _run(rng, backend, spec, unique_indices=True)
-    assert bool(sorted_calls) == (threshold == 0), sorted_calls
-
-
-def _spy_drop_superseded(monkeypatch) -> list[bool]:
-    """Records, per traced de-duplication, whether it took the n x n way (no sort)."""
-    from pallas_pinned import _rows
-
-    calls, real = [], _rows.drop_superseded
-    monkeypatch.setattr(_rows, "drop_superseded", lambda rows, num_rows, *, small_max, **kw: (
-        calls.append(rows.shape[0] <= small_max) or real(rows, num_rows, small_max=small_max,
-                                                         **kw)))
-    return calls
-
-
-@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-@pytest.mark.parametrize("small_max", [0, 64])
-def test_small_batch_dedupe_matches_the_sort(rng, monkeypatch, backend, small_max):
-    # Up to small_dedupe_max updates (past the one-launch set, turned off here),
-    # duplicates are resolved without a sort; both ways keep the same (last) writes.
-    ways = _spy_drop_superseded(monkeypatch)
-    with pp.tuning.override(small_dedupe_max=small_max, fused_max_updates=0):
-        _run(rng, backend, ScatterSpec(20, (3,), "int32", 40, "random_any"))
-    assert ways and set(ways) == {small_max > 0}, ways
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(pp.tuning.Thresholds)])
+def test_no_threshold_changes_a_sets_result(rng, backend, field):
+    # Each threshold at both of its ends, whatever paths it selects between (sorting,
+    # de-duplicating, one launch): the buffer is the oracle's, with and without a promise.
+    for value in (0, 10**9):
+        with pp.tuning.override(**{field: value}):
+            _run(rng, backend, ScatterSpec(300, (5,), "float32", 200, "random_unique"),
+                 unique_indices=True)
+            _run(rng, backend, ScatterSpec(20, (3,), "int32", 40, "random_any"))
