@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from .pallas_common import RowGrid, RowTiling, choose_row_tiling, launch_row_kernel, tile_lanes
+from .pallas_common import RowGrid, RowTiling, choose_row_tiling, row_kernel_call, tile_lanes
 
 __all__ = ["gather_rows", "gather_rows_kernel"]
 
@@ -55,7 +56,8 @@ def gather_rows(
     """Builds and calls the kernel; the ``(n, d)`` result is in device memory."""
     (num_gathers,) = rows.shape
     tiling = tiling or choose_row_tiling(num_gathers, x.shape[1], x.dtype.itemsize)
-    return launch_row_kernel(
-        gather_rows_kernel, (rows, dest, x), tiling=tiling, in_place=False, interpret=interpret,
-        name="pallas_pinned_gather_rows",
+    body, arrays, params = row_kernel_call(
+        gather_rows_kernel, (rows, dest, x), tiling=tiling, in_place=False,
     )
+    call = pl.pallas_call(body, name="pallas_pinned_gather_rows", interpret=interpret, **params)
+    return call(*arrays)

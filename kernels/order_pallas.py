@@ -27,9 +27,8 @@ __all__ = ["order_tiling", "stable_order", "stable_order_kernel"]
 # The tiling. Entries per program: few, so that even a small batch spreads over
 # many programs (each program's rank count is a serial loop over the chunks);
 # entries compared per loop step: up to 1 Ki. The first tiling tried (64 entries
-# per program, chunks of 256) won 1.2-2.7 us per step (case means) at 256 updates on
-# the H200 but lost 5-7 at 1024 and 29 at 4096 (docs/lab/order_kernel_ab_h200_1205_1918/):
-# 16 serial steps of a 64 x 256 comparison each.
+# per program, chunks of 256) won at 256 updates but lost at 1024 and 4096: 16 serial
+# steps of a 64 x 256 comparison each (docs/PERFORMANCE.md, "Thresholds").
 _MAX_BLOCK = 16
 _MIN_BLOCK = 4
 _MAX_CHUNK = 1024

@@ -23,7 +23,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from .relaxed_atomics import compiler_params
 from .row_layout import next_pow2, offsets_fit, skip_row
 
 __all__ = [
@@ -34,7 +33,7 @@ __all__ = [
     "choose_row_tiling",
     "dest_rows",
     "for_chunks",
-    "launch_row_kernel",
+    "row_kernel_call",
     "matching_entries",
     "next_pow2",
     "normalized_indices",
@@ -50,8 +49,8 @@ __all__ = [
 
 # A tile moves about this many bytes: enough independent stores per program
 # to keep PCIe transactions in flight, small enough to keep registers in check.
-# Measured on the H200 (benchmarks/results/tune_scatter_h200.log): tile shape
-# and warp count changed nothing beyond noise around this point.
+# benchmarks/results/tune_scatter_h200.log: tile shape and warp count changed
+# nothing beyond noise around this point.
 _TILE_BYTES = 16 * 1024
 # Widest column block, in bytes; wider rows are split across programs.
 _MAX_COL_BLOCK_BYTES = 4096
@@ -60,9 +59,9 @@ _MAX_COL_BLOCK_BYTES = 4096
 # The one-launch paths (raw indices, duplicates found inside the kernel):
 # entries compared per loop step of the duplicate search (up to 1 Ki batches
 # need one step; each step waits for a load and a reduction), and entries per
-# program. Short programs spread a small batch over many SMs (the H200 loop
-# probe: 64 x 1 KiB rows in 4 programs of 16 rows took longer than XLA's
-# scatter) and keep the block_rows x chunk comparison small.
+# program. Short programs spread a small batch over many SMs (64 x 1 KiB rows in
+# 4 programs of 16 rows took longer than XLA's scatter) and keep the
+# block_rows x chunk comparison small.
 _MAX_SEARCH_CHUNK = 1024
 _MAX_FUSED_BLOCK_ROWS = 8
 
@@ -261,11 +260,10 @@ def output_type(shape, dtype, operands) -> jax.ShapeDtypeStruct:
     )
 
 
-def launch_row_kernel(
-    kernel, operands, *, tiling, in_place: bool, interpret: bool, name: str,
-    relaxed_atomics: bool = False, **settings
-):
-    """Launches ``kernel(*operand_refs, out_ref, grid=..., **settings)`` over the row grid.
+def row_kernel_call(kernel, operands, *, tiling, in_place: bool, **settings):
+    """``(body, arrays, params)`` for ``pl.pallas_call(body, name=..., interpret=...,
+    **params)(*arrays)``: ``kernel(*operand_refs, out_ref, grid=..., **settings)`` over the
+    row grid. Each kernel module's builder makes that call itself, under its own name.
 
     ``operands`` start with the ``(n,)`` row numbers and end with the
     ``(num_rows, d)`` buffer; ``None`` stands for an absent permutation:
@@ -273,8 +271,7 @@ def launch_row_kernel(
     kernel instead. The kernel gets its addressing as ``grid`` (a
     :class:`RowGrid`) plus its own ``settings``. With ``in_place`` the buffer
     is aliased to the only output, so the kernel updates it in place; else
-    the output is a fresh ``(n, d)`` array of the buffer's dtype. With
-    ``relaxed_atomics`` the kernel's atomics are relaxed (:mod:`.relaxed_atomics`).
+    the output is a fresh ``(n, d)`` array of the buffer's dtype.
     """
     (num_entries,) = operands[0].shape
     num_rows, row_width = buffer_shape = operands[-1].shape
@@ -293,16 +290,12 @@ def launch_row_kernel(
     arrays = [operands[k] for k in present]
     out_shape = buffer_shape if in_place else (num_entries, row_width)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
-    return pl.pallas_call(
-        body,
+    params = dict(
         out_shape=output_type(out_shape, arrays[-1].dtype, arrays),
         grid=(pl.cdiv(num_entries, tiling.block_rows), pl.cdiv(row_width, tiling.block_cols)),
         in_specs=[any_spec] * len(arrays),
         out_specs=any_spec,
         input_output_aliases={len(arrays) - 1: 0} if in_place else {},
-        compiler_params=compiler_params(
-            relaxed=relaxed_atomics, num_warps=tiling.num_warps, num_stages=1
-        ),
-        interpret=interpret,
-        name=name,
-    )(*arrays)
+        compiler_params=plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=1),
+    )
+    return body, arrays, params

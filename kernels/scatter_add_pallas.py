@@ -20,8 +20,7 @@ exactly one program writes each row:
 
 With ``atomic_write`` (float32 buffers summed in float32) the owner adds its
 total with one atomic add instead of reading the row and storing the sum, with
-the same bits: :mod:`.owner_write`; ``relaxed_atomics`` makes those atomics
-relaxed (:mod:`.relaxed_atomics`).
+the same bits: :mod:`.owner_write`.
 """
 
 from __future__ import annotations
@@ -40,11 +39,11 @@ from .pallas_common import (
     choose_row_tiling,
     dest_rows,
     for_chunks,
-    launch_row_kernel,
     matching_entries,
     next_pow2,
     one_launch_tiling,
     raw_entries,
+    row_kernel_call,
     sum_along,
     tile_lanes,
 )
@@ -60,10 +59,9 @@ __all__ = [
 ]
 
 
-def _owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret) -> dict:
+def _owner_write(x, acc_dtype, atomic_write, interpret) -> dict:
     """The launch's settings of the owner write (:mod:`.owner_write`)."""
-    atomic = check_atomic(x, acc_dtype, atomic_write, interpret)
-    return {"atomic": atomic, "relaxed_atomics": relaxed_atomics and atomic == "atomic"}
+    return {"atomic": check_atomic(x, acc_dtype, atomic_write, interpret)}
 
 
 def scatter_add_rows_kernel(
@@ -86,7 +84,7 @@ def scatter_add_rows_kernel(
 def scatter_add_rows(
     x: jax.Array, rows: jax.Array, src: jax.Array | None, updates: jax.Array, *,
     acc_dtype=None, check_bounds: bool = True, tiling: RowTiling | None = None,
-    atomic_write: bool = False, relaxed_atomics: bool = False, interpret: bool = False,
+    atomic_write: bool = False, interpret: bool = False,
 ) -> jax.Array:
     """Builds and calls the kernel; sums in ``acc_dtype`` (default ``x.dtype``).
 
@@ -96,25 +94,26 @@ def scatter_add_rows(
     acc_dtype = jnp.dtype(x.dtype if acc_dtype is None else acc_dtype)
     itemsize = max(x.dtype.itemsize, updates.dtype.itemsize)
     tiling = tiling or choose_row_tiling(num_updates, x.shape[1], itemsize)
-    return launch_row_kernel(
+    body, arrays, params = row_kernel_call(
         scatter_add_rows_kernel, (rows, src, updates, x), tiling=tiling, in_place=True,
-        interpret=interpret, name="pallas_pinned_scatter_add_rows", check_bounds=check_bounds,
-        acc_dtype=acc_dtype, **_owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret),
+        check_bounds=check_bounds,
+        acc_dtype=acc_dtype, **_owner_write(x, acc_dtype, atomic_write, interpret),
     )
+    call = pl.pallas_call(body, name="pallas_pinned_scatter_add_rows", interpret=interpret,
+                          **params)
+    return call(*arrays)
 
 
 # --- one launch for small batches: normalization and combining inside ---
 #
-# The unfused path first combined duplicates with about a dozen XLA ops before
-# its launch (a stable order, a segmented scan; now a stable sort, then the
-# sorted-runs kernel above); on the H200 (2026-12-03, a scan
-# of random rows) that took 23.2 us per step at 64 x 1 KiB against 13.5 with
-# the combining skipped. Here each entry's program normalizes its own raw
-# index, and the FIRST occurrence of a row owns it: it searches the earlier
-# entries for its row (if one is found, the entry is skipped), then sums the
-# later entries of its row into its own, chunk by chunk in entry order, and
-# does the one read-add-write (or atomic add). Distinct rows cost one search of the indices;
-# the update rows of duplicates are loaded only for chunks that hold some.
+# The unfused path first combined duplicates with about a dozen XLA ops before its launch (a
+# stable order, a segmented scan; now a stable sort, then the sorted-runs kernel above), which
+# took 23.2 us per step at 64 x 1 KiB against 13.5 with the combining skipped
+# (docs/PERFORMANCE.md, "Thresholds"). Here each entry's program normalizes its own raw index, and
+# the FIRST occurrence of a row owns it: it searches the earlier entries for its row (if one is
+# found, the entry is skipped), then sums the later entries of its row into its own, chunk by
+# chunk in entry order, and does the one read-add-write (or atomic add). Distinct rows cost one
+# search of the indices; the update rows of duplicates are loaded only for chunks that hold some.
 
 # Elements of the (block_rows, sum_chunk, block_cols) tensor one step of the
 # duplicate sum holds: 32 KiB of float32 per program.
@@ -218,7 +217,6 @@ def scatter_add_rows_fused(
     acc_dtype=None,
     tiling: RowTiling | None = None,
     atomic_write: bool = False,
-    relaxed_atomics: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """``x.at[indices].add(updates, mode=mode)`` in one launch, duplicates summed in entry order.
@@ -235,26 +233,27 @@ def scatter_add_rows_fused(
     tiling, search_chunk = one_launch_tiling(x.shape, indices, itemsize, tiling)
     per_entry = tiling.block_rows * tiling.block_cols
     sum_chunk = min(search_chunk, max(1, _SUM_ELEMENTS // per_entry))
-    return launch_row_kernel(
+    body, arrays, params = row_kernel_call(
         scatter_add_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
-        interpret=interpret, name="pallas_pinned_scatter_add_rows_fused",
         search_chunk=search_chunk, sum_chunk=sum_chunk, mode=mode, combine=combine_duplicates,
         acc_dtype=acc_dtype, interpret_sums=interpret,
-        **_owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret),
+        **_owner_write(x, acc_dtype, atomic_write, interpret),
     )
+    call = pl.pallas_call(body, name="pallas_pinned_scatter_add_rows_fused", interpret=interpret,
+                          **params)
+    return call(*arrays)
 
 
 # --- larger batches: one launch over sorted runs ---
 #
 # Above the one-launch limit XLA normalizes the rows and puts them in a stable
-# order (counted ranks, or a sort: tuning.runs_rank_max), so the entries of a
+# order (the order kernel, or XLA's stable sort), so the entries of a
 # row form one run, in entry order. The run's first entry owns the row: its
 # program sums the run chunk by chunk and does the one read-add-write (or atomic
 # add). Runs are contiguous, so only a program's last run can go on past its block, and its
 # owner follows it until it ends. This replaces the segmented scan's log2(n)
-# passes over the updates, which took most of the sparse client's add on the
-# H200 (2026-12-03 14:46 UTC probe, 4096 Zipf ids: the combining 72.4 us of the
-# add's 85.2); with it the client's step went from 107.3 to 70.5 us (16:52 UTC).
+# passes over the updates, which took most of the sparse client's add (72.4 of
+# its 85.2 us at 4096 Zipf ids; docs/PERFORMANCE.md, "Thresholds").
 
 # Entries per program at most. A program compares its entries pairwise (a
 # block_rows**2 x block_cols tensor, kept within _SUM_ELEMENTS), so narrow rows
@@ -346,7 +345,7 @@ def scatter_add_sorted_runs_kernel(
 def scatter_add_sorted_runs(
     x: jax.Array, rows: jax.Array, perm: jax.Array | None, updates: jax.Array, *,
     acc_dtype=None, tiling: RowTiling | None = None, atomic_write: bool = False,
-    relaxed_atomics: bool = False, interpret: bool = False,
+    interpret: bool = False,
 ) -> jax.Array:
     """``x[rows[k]] += updates[perm[k]]`` for rows that ascend, duplicates summed in one launch.
 
@@ -365,9 +364,12 @@ def scatter_add_sorted_runs(
     sum_chunk = min(tiling.block_rows,
                     max(1, _SUM_ELEMENTS // (tiling.block_rows * tiling.block_cols)))
     run_chunk = min(next_pow2(num_entries), max(1, _SUM_ELEMENTS // tiling.block_cols))
-    return launch_row_kernel(
+    body, arrays, params = row_kernel_call(
         scatter_add_sorted_runs_kernel, (rows, perm, updates, x), tiling=tiling, in_place=True,
-        interpret=interpret, name="pallas_pinned_scatter_add_sorted_runs", sum_chunk=sum_chunk,
+        sum_chunk=sum_chunk,
         run_chunk=run_chunk, acc_dtype=acc_dtype, interpret_sums=interpret,
-        **_owner_write(x, acc_dtype, atomic_write, relaxed_atomics, interpret),
+        **_owner_write(x, acc_dtype, atomic_write, interpret),
     )
+    call = pl.pallas_call(body, name="pallas_pinned_scatter_add_sorted_runs", interpret=interpret,
+                          **params)
+    return call(*arrays)

@@ -30,10 +30,10 @@ from .pallas_common import (
     choose_row_tiling,
     dest_rows,
     for_chunks,
-    launch_row_kernel,
     matching_entries,
     one_launch_tiling,
     raw_entries,
+    row_kernel_call,
     tile_lanes,
 )
 
@@ -63,10 +63,12 @@ def scatter_rows(
     """Builds and calls the kernel. Traced inside a ``jit``: the result aliases ``x``."""
     (num_updates,) = rows.shape
     tiling = tiling or choose_row_tiling(num_updates, x.shape[1], x.dtype.itemsize)
-    return launch_row_kernel(
+    body, arrays, params = row_kernel_call(
         scatter_rows_kernel, (rows, src, updates, x), tiling=tiling, in_place=True,
-        interpret=interpret, name="pallas_pinned_scatter_rows", check_bounds=check_bounds,
+        check_bounds=check_bounds,
     )
+    call = pl.pallas_call(body, name="pallas_pinned_scatter_rows", interpret=interpret, **params)
+    return call(*arrays)
 
 
 # --- one launch for small batches: normalization and de-duplication inside ---
@@ -133,8 +135,11 @@ def scatter_rows_fused(
     rows. Traced inside a ``jit``: the result aliases ``x``.
     """
     tiling, chunk = one_launch_tiling(x.shape, indices, x.dtype.itemsize, tiling)
-    return launch_row_kernel(
+    body, arrays, params = row_kernel_call(
         scatter_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
-        interpret=interpret, name="pallas_pinned_scatter_rows_fused", chunk=chunk, mode=mode,
+        chunk=chunk, mode=mode,
         drop_superseded=drop_superseded,
     )
+    call = pl.pallas_call(body, name="pallas_pinned_scatter_rows_fused", interpret=interpret,
+                          **params)
+    return call(*arrays)

@@ -30,7 +30,7 @@ to the host space (:func:`launch`).
 Install with ``pip install -e ".[triton]"`` (jax-triton 0.3.1, triton
 3.6). Combinations, and where they were tested:
 
-* jax-triton 0.3.1 + triton 3.6.0, jax 0.11.2: launched on an H200 (GPU tests).
+* jax-triton 0.3.1 + triton 3.6.0, jax 0.11.2: launched on a GPU (docs/GPU_RUNS.md).
 * jax-triton 0.3.1 + triton 3.6.0, jax 0.12.0.1 and 0.12.1, CPU (CI): 0.3.1 does not
   import without CUDA; the kernels compile for sm_90 (both signatures) and
   the launch lowers for CUDA with a stand-in for jaxlib's CUDA Triton plugin,

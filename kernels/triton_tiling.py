@@ -114,11 +114,8 @@ def choose_tiling(n: int, d: int, itemsize: int) -> TritonTiling:
     keeps enough PCIe traffic in flight to cover its round-trip latency; a
     column block covers a row up to 4 KiB. Results never depend on the
     tiling; only speed does. Sizes: those of the Pallas kernels, a choice:
-    the H200 tiling sweep found tile shape and warp count changing nothing
-    beyond noise there, and the loop benchmark measured the scatter and the
-    add within 5 % of Pallas for 64 Ki-row batches
-    (benchmarks/results/loop_h200.json); the gather's speed against Pallas's
-    has not been measured yet.
+    the tiling sweep (benchmarks/results/tune_scatter_h200.log) found tile
+    shape and warp count changing nothing beyond noise there.
     """
     return tiling_for_tile_bytes(n, d, itemsize, tile_bytes=16 * 1024, max_col_block_bytes=4096)
 

@@ -14,7 +14,9 @@ device-resident indices and data, without copying the buffer:
 * :func:`sort_indices` — one stable order of a batch of row indices, shared
   by the ops of a step that reads and then writes the same rows;
 * :func:`fix_memory_space` — the same buffer, with a type that says where it
-  lives (for arrays from checkpoint restores or ``jit(out_shardings=...)``).
+  lives (for arrays from checkpoint restores or ``jit(out_shardings=...)``);
+* :mod:`cached_table` — a pinned table with a device cache of its busiest rows
+  and a prefetch pipeline (FBGEMM's TBE cache, for JAX).
 
 :mod:`pallas_pinned.tuning` holds the measured thresholds the ops choose their
 paths by; :mod:`pallas_pinned.testing` the specs and oracles of the tests and
@@ -24,7 +26,7 @@ benchmarks.
 import contextlib
 import importlib
 
-from pallas_pinned import _registry, tuning
+from pallas_pinned import _registry, cached_table, tuning
 from pallas_pinned._placement import fix_memory_space
 from pallas_pinned.at import at
 from pallas_pinned.gather import gather_from_host
@@ -39,6 +41,7 @@ from pallas_pinned.scatter_combine import (
 
 __all__ = [
     "at",
+    "cached_table",
     "fix_memory_space",
     "gather_from_host",
     "scatter_add_to_host",

@@ -33,8 +33,8 @@ __all__ = ["read", "write"]
 # index plan of a signature that passed once is kept, and a call of that signature
 # only checks what can change from call to call: a deleted buffer, and a buffer
 # passed again as its own index or updates (and whether an explicit kernel backend
-# can run). The checks took 44 of a five-row call's 74 us on a 2-core CPU; on the
-# H200 that call went from 80.7 to 67.0 us (README, one-shot). Only calls whose
+# can run). The checks cost more than the rest of a small eager call
+# (docs/PERFORMANCE.md, "One call"). Only calls whose
 # index is one concrete array and whose updates already have the buffer's dtype
 # (no cast to warn about) are kept.
 _PLANS: dict = {}

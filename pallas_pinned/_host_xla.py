@@ -28,8 +28,8 @@ def gather_rows(x2d: jax.Array, rows: jax.Array) -> jax.Array:
     host_rows = jax.device_put(jnp.where(valid, rows, 0), _HOST)
     picked = jnp.take(x2d, host_rows, axis=0, mode="clip")
     # The barrier keeps XLA from moving a later reshape of the result back
-    # across the copy (on the H200, jax 0.11.2, a reshape that adds a size-1
-    # axis became a bitcast between memory spaces, which XLA then refused).
+    # across the copy (a reshape that adds a size-1 axis can become a bitcast
+    # between memory spaces, which XLA then refuses).
     picked = jax.lax.optimization_barrier(jax.device_put(picked, jax.memory.Space.Device))
     return jnp.where(valid[:, None], picked, jnp.zeros((), x2d.dtype))
 

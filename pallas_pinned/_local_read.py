@@ -25,8 +25,6 @@ from jax import lax
 
 from pallas_pinned import (
     _block,
-    _holder,
-    _host_xla,
     _placement,
     _registry,
     _rows,
@@ -34,7 +32,6 @@ from pallas_pinned import (
     tuning,
 )
 from pallas_pinned._index import IndexPlan
-from pallas_pinned.kernels.row_layout import offsets_fit
 from pallas_pinned.reference import gather_rows_reference
 
 __all__ = ["ReadCall", "read", "read_traced"]
@@ -60,10 +57,16 @@ class ReadCall:
             plan=plan,
             mode=mode,
             fill=_validation.StaticScalar(fill),
-            ascending=bool(indices_are_sorted) or plan.ascending,
+            # Under "wrap" sorted indices need not give ascending rows; clamping ("clip",
+            # and the fill modes' skips) keeps them in order.
+            ascending=(bool(indices_are_sorted) and mode != "wrap") or plan.ascending,
             backend=backend,
             thresholds=tuning.current(),
         )
+
+    op = "get"  # What _registry.choose reads of a call.
+    unique = False
+    one_copy = True  # A block read is one copy in every mode (a fill applies on the device).
 
     @property
     def fill_mode(self) -> bool:
@@ -79,7 +82,7 @@ def read(x, operands, call: ReadCall):
     if not _placement.is_concrete(x):
         return _read_jit(x, operands, call)
     x = _placement.fix_memory_space(x)  # Traces must see where x really is.
-    return _holder.hold_until_computed(_read_jit(x, operands, call), x, operands)
+    return _placement.wait_for_result(_read_jit(x, operands, call))
 
 
 @functools.partial(jax.jit, static_argnames=("call",))
@@ -109,9 +112,8 @@ def _read_copy(x, operands, call: ReadCall):
     operands = jax.tree.map(_placement.to_device_memory, operands)
     # Sharded over a mixed mesh's Explicit axes, they are gathered: every entry counts.
     operands = jax.tree.map(functools.partial(_placement.replicated_like, x), operands)
-    # A block read is one copy in every mode (a fill applies on the device).
-    impl = _registry.choose("get", plan.kind, x, plan.num_entries, call.backend, block_copy=True)
-    if impl == "block":
+    impl = _registry.choose(call, x)
+    if impl.block:
         out = _block_op(call)(x, operands)
         return jax.device_put(out, _DEVICE)
     rows = plan.rows(operands, call.mode, read=True)
@@ -131,35 +133,6 @@ def fill_out_of_range(out2d, rows, call: ReadCall, dtype):
     # lax.full_like converts as jnp's own fill does (e.g. 1000 wraps in int8).
     fill = lax.full_like(out2d, call.fill_value(dtype))
     return jnp.where(_rows.rows_in_range(rows, call.plan.num_rows)[:, None], out2d, fill)
-
-
-# --- the row read: kernel or XLA -----------------------------------------------------
-
-
-def _read_rows(x2d, rows, *, impl: str, ascending: bool, thresholds: tuning.Thresholds):
-    """``(n, d)`` rows of ``x2d`` for normalized ``rows``; zeros where out of range."""
-    if impl == "xla":
-        return _host_xla.gather_rows(x2d, rows)
-    kernel = functools.partial(_kernel_read, backend=impl, ascending=ascending,
-                               thresholds=thresholds)
-    if impl == "interpret":
-        return kernel(x2d, rows)
-    if impl == "pallas" and not (
-        offsets_fit(x2d.shape, x2d.dtype)
-        and offsets_fit((rows.shape[0], x2d.shape[1]), x2d.dtype)
-    ):
-        return _host_xla.gather_rows(x2d, rows)  # Pallas' 32-bit offsets would wrap.
-    return lax.platform_dependent(x2d, rows, cuda=kernel, default=_host_xla.gather_rows)
-
-
-def _kernel_read(x2d, rows, *, backend: str, ascending: bool, thresholds: tuning.Thresholds):
-    num_reads = rows.shape[0]
-    dest = None
-    if thresholds.coalesce and not ascending and num_reads >= thresholds.sort_min_gathers:
-        # Read in ascending address order (coalesced PCIe reads) and let the
-        # kernel store each row straight at its place in the caller's order.
-        rows, dest = lax.sort((rows, lax.iota(jnp.int32, num_reads)), num_keys=1)
-    return _registry.kernels(backend).get(x2d, rows, dest)
 
 
 _HOST_GRAD_MESSAGE = (
@@ -229,12 +202,10 @@ def _fold_rows(read, axis_size, x2d, rows, rows_batched):
 
 
 @functools.cache
-def _rows_op(impl: str, ascending: bool, thresholds: tuning.Thresholds):
+def _rows_op(impl: _registry.Implementation, ascending: bool, thresholds: tuning.Thresholds):
     """The row read for one static setting, with its rules (the tangent reads like jnp)."""
 
-    read_fn = functools.partial(
-        _read_rows, impl=impl, ascending=ascending, thresholds=thresholds
-    )
+    read_fn = functools.partial(impl.read_rows, ascending=ascending, thresholds=thresholds)
     return _guarded(read_fn, gather_rows_reference, _fold_rows)
 
 

@@ -28,7 +28,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from pallas_pinned import _block, _holder, _placement, _registry, _rows, _write_rows, tuning
+from pallas_pinned import _block, _placement, _registry, _rows, _write_rows, tuning
 from pallas_pinned._index import IndexPlan
 from pallas_pinned.reference import gather_rows_reference
 
@@ -46,6 +46,10 @@ OP_NAMES = {
     "max": "scatter_max_to_host",
     "mul": "scatter_mul_to_host",
 }
+
+
+# The modes under which unique_indices and indices_are_sorted are not used.
+PROMISE_FREE_MODES = ("clip", "wrap")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +71,28 @@ class WriteCall:
             op=op,
             plan=plan,
             mode=mode,
-            # The one place that decides whether the rows are distinct: "clip" may map
-            # distinct indices onto one row, so there the promise says nothing of the
-            # rows; the index form's own guarantee (static positions, in range) still does.
-            unique=(bool(unique_indices) and mode != "clip") or plan.unique,
-            ascending=bool(indices_are_sorted) or plan.ascending,
+            # The one place that decides what the promises say of the rows: "clip" and
+            # "wrap" may map distinct indices onto one row (0, n and 2n wrap onto row 0,
+            # and n - 1 < n wraps to n - 1 > 0), so there they say nothing; the index
+            # form's own guarantee (static positions, in range) still does.
+            unique=(bool(unique_indices) and mode not in PROMISE_FREE_MODES) or plan.unique,
+            ascending=(bool(indices_are_sorted) and mode not in PROMISE_FREE_MODES)
+            or plan.ascending,
             backend=backend,
             thresholds=tuning.current(),
+        )
+
+    @property
+    def one_copy(self) -> bool:
+        """A set of a strided block (a KV cache's slot, ``kv[:, pos]``) that needs no run-time
+        check is one copy, XLA's asynchronous DMA, on a host buffer too; a contiguous block
+        is rows there (one kernel launch of distinct ascending rows)."""
+        plan = self.plan
+        return (
+            self.op == "set"
+            and plan.kind == "block"
+            and not plan.block_is_contiguous
+            and not plan.block_checked_at_run_time(self.mode, read=False)
         )
 
     @property
@@ -103,40 +122,21 @@ def write_traced(x, operands, updates, call: WriteCall):
     if plan.num_entries == 0 or x.size == 0:
         return x
     on_copies = _placement.on_each_copy(
-        functools.partial(_write_copy, call=call), x, operands, updates)
+        functools.partial(write_traced, call=call), x, operands, updates)
     if on_copies is not None:
         return on_copies  # A replicated buffer on an Explicit mesh: see on_each_copy.
-    return _write_copy(x, operands, updates, call)
-
-
-def _write_copy(x, operands, updates, call: WriteCall):
-    """:func:`write_traced` of one whole array (a device's copy, or the only one)."""
-    plan = call.plan
     if x.ndim == 0 and _placement.on_host(x):
         return _scalar_write(x, updates, call)
     # Index arrays may live in host memory; the row arithmetic runs on the device.
     operands = jax.tree.map(_placement.to_device_memory, operands)
-    # A set that needs no run-time check is one copy, XLA's own HLO, where its
-    # block is strided (a KV cache's slot) and smaller than block_rows_from rows;
-    # a contiguous block is rows at every size (measured faster; see tuning).
-    one_copy = (
-        call.op == "set"
-        and plan.kind == "block"
-        and not plan.block_is_contiguous
-        and not plan.block_checked_at_run_time(call.mode, read=False)
-        and plan.num_entries < call.thresholds.block_rows_from
-    )
-    row_write = call.row_write()
-    impl = _registry.choose(
-        call.op, plan.kind, x, plan.num_entries, call.backend,
-        block_copy=call.thresholds.block_copy or one_copy, distinct=row_write.unique,
-    )
-    if impl == "block":
+    impl = _registry.choose(call, x)
+    if impl.block:
         return _block.write(x, plan, operands, updates, op=call.op, mode=call.mode)
     rows = plan.rows(operands, call.mode, read=False)
     x2d = x.reshape(plan.num_rows, plan.width)
     updates2d = _write_rows.updates_2d(x.dtype, updates, plan.result_shape, plan.width)
-    return _write_rows.write(x2d, rows, updates2d, row_write, impl).reshape(x.shape)
+    x2d = _placement.varying_as(x2d, rows, updates2d)
+    return impl.write_rows(x2d, rows, updates2d, call.row_write()).reshape(x.shape)
 
 
 def _scalar_write(x, updates, call: WriteCall):
@@ -284,17 +284,14 @@ def with_write_rules(op: str, traced, updates_cotangent):
     ``updates_cotangent(operands, updates, cotangent)``, and every other refused."""
     op_name = OP_NAMES[op]
 
-    @jax.custom_batching.custom_vmap
-    def unbatched(x, operands, updates):
-        return traced(x, operands, updates)
+    # The rules wrap ``traced`` itself: no frame of ours between them and the write.
+    unbatched = jax.custom_batching.custom_vmap(traced)
 
     @unbatched.def_vmap
     def _reject(axis_size, in_batched, *args):
         raise NotImplementedError(_vmap_message(op_name))
 
-    @jax.custom_vjp
-    def write_with_rules(x, operands, updates):
-        return unbatched(x, operands, updates)
+    write_with_rules = jax.custom_vjp(unbatched)
 
     def fwd(x, operands, updates):
         _refuse_gradients(op, x, updates)
@@ -396,5 +393,7 @@ def write(x, operands, updates, call: WriteCall):
     if call.plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write; the buffer stays as it is.
     x = _placement.fix_memory_space(x)
-    written = _jitted(x.sharding, may_donate(operands, updates))(x, operands, updates, call)
-    return _holder.hold_until_computed(written, x, operands, updates)  # (See there why.)
+    donate = _placement.in_host_memory(x) and may_donate(operands, updates)
+    written = _jitted(x.sharding, donate)(x, operands, updates, call)
+    return _placement.wait_for_result(written)
+

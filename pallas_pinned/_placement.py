@@ -26,6 +26,7 @@ from jax import lax
 __all__ = [
     "fix_memory_space",
     "gathered",
+    "in_host_memory",
     "is_concrete",
     "on_each_copy",
     "on_host",
@@ -38,6 +39,7 @@ __all__ = [
     "to_device_memory",
     "typed_mesh",
     "varying_as",
+    "wait_for_result",
     "varying_axes",
 ]
 
@@ -67,6 +69,23 @@ def wait_for_inputs(*args: Any) -> None:
         error.add_note("pallas_pinned: an index or updates array of this write failed to "
                        "compute; nothing was written and x was not consumed")
         raise
+
+
+def wait_for_result(result: Any) -> Any:
+    """An eager call returns once its computation has completed.
+
+    JAX frees a pinned_host array that Python drops while a computation still reads or
+    writes it, and the next pinned_host array can get that memory at once: waiting
+    here, while the call still holds its arguments, keeps every one of them alive
+    until the computation is done (under jit, the caller's own program does).
+    """
+    return jax.block_until_ready(result)
+
+
+def in_host_memory(x: jax.Array) -> bool:
+    """Whether the concrete array ``x`` lives in host memory, pinned or not (its sharding's
+    memory kind): what an eager write updates in place and consumes."""
+    return x.sharding.memory_kind in ("pinned_host", "unpinned_host")
 
 
 def on_host(a: Any) -> bool:

@@ -1,72 +1,67 @@
-"""The implementations of each op, which one ``backend="auto"`` runs, and how kernels load.
+"""Which implementation serves a call: the one function that decides, and the implementations.
 
-Per op, :data:`IMPLEMENTATIONS` lists the mechanisms in the order ``auto``
-tries them; the first that can serve the call runs, the others are fallen
-through to (tokamax's registry is the model):
+Per op, :data:`IMPLEMENTATIONS` lists implementation objects in the order
+``backend="auto"`` tries them; the first whose :meth:`~Implementation.unsupported`
+has no objection runs (tokamax's registry is the model):
 
-* ``"block"``: a contiguous block (``_index`` plan kind ``"block"``) is one
-  copy, ``lax.dynamic_update_slice`` / ``dynamic_slice``: XLA's asynchronous
-  DMA for a host buffer (the fact this library builds on: an aliased host
-  buffer stays on the host, and XLA's own copy of a block into it is a DMA);
-* ``"pallas"``, ``"triton"``: the row kernels (Pallas-Triton, or raw Triton
-  through jax-triton), for a host buffer on a CUDA GPU. Between the two,
-  ``backend_table.json`` decides (written by ``python -m
-  benchmarks.choose_backends`` from the loop benchmark; the file names its
-  source); each must also be importable and able to launch here;
-* ``"xla_native"``: XLA's own formulation, ``x.at[rows].set(y)`` or
-  ``.add(y)``; for a host buffer XLA compiles it to a GPU scatter kernel that
-  stores into the buffer over PCIe, as ours do (it tags that kernel host
-  compute but runs it on the GPU). ``auto`` runs it where the table
-  measured it faster than the kernels (float32 sets and adds of rows known
-  distinct, an entry's ``distinct_backend``; a table may also send unpromised
-  sets there, after our de-duplication); a
-  set's bits are the same (the last write wins), an add's sums too up to the
-  rounding order of duplicates;
-* ``"xla"``: the plain-jnp reference (``reference.py``, ``_host_xla.py``),
-  always available: the base implementation, and ``backend="xla"``.
+* :data:`BLOCK`: a block (``_index`` plan kind ``"block"``) as one copy,
+  ``lax.dynamic_update_slice`` / ``dynamic_slice``: XLA's asynchronous DMA for a
+  host buffer. Every block read; a block write of a device buffer; on a host buffer,
+  a set of a strided block that needs no run-time check, below ``block_rows_from``
+  rows (:attr:`WriteCall.one_copy`). Other blocks are rows.
+* :data:`XLA_NATIVE`: XLA's own ``x.at[rows].set/.add`` of the normalized rows, for a
+  host buffer on a CUDA GPU, where ``backend_table.json`` measured it faster than
+  the kernels, on the GPU model and jax release the table was measured on.
+* :data:`PALLAS`, :data:`TRITON`: the row kernels (Pallas-Triton, or raw Triton
+  through jax-triton), for a host buffer on a CUDA GPU; between the two the table
+  decides, and each must import and launch here.
+* :data:`REFERENCE`: the plain-jnp reference (``reference.py``), always available:
+  the base implementation and ``backend="xla"``.
 
-An explicit ``backend=`` names one kernel family and is honoured for every
-index form, or refused before anything runs with the reason
-(:func:`check_available`). :func:`kernels` is the one launcher per backend:
-it imports that family's kernel modules on first use, so importing the package
-imports no kernel module and not Triton (it does import Pallas and Pallas's
-Triton backend, see ``__init__.py``; ``auto``'s first call on a host buffer
-lowers a probe kernel: :func:`pallas_triton_usable`).
+An explicit ``backend=`` names its own list (``"xla"``: the block copy, else the
+reference; a kernel family: that family alone) and is honoured, or refused with
+the reason, by :func:`choose` before anything runs: never replaced by another.
 
 Upstream deprecated Pallas's Triton backend (jax 0.11.0) and jax can raise the
-deprecation as an error (``jax._src.deprecations``' "accelerated" state); the
-module may also disappear. Its warning fires when XLA lowers our kernels,
-inside the user's own ``jit``: the package filters exactly that message, and
-``auto`` follows the backend's fate itself: Pallas-Triton while it lowers,
-else raw Triton, else XLA, with one warning that says what to install.
+deprecation as an error; the module may also disappear. ``auto`` follows the
+backend's fate: Pallas-Triton while it lowers, else raw Triton, else XLA, with
+one warning that says what to install.
 """
+
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
-import json
-import os
-import pathlib
 import re
 import threading
-import types
 import warnings
-from importlib import resources
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from pallas_pinned import _placement, _rows
+from pallas_pinned import _placement, _read_rows, _write_rows
+from pallas_pinned._backend_table import (  # noqa: F401 - TABLE_ENV and _table: the tests' handle
+    TABLE_ENV,
+    _table,
+    measured_choice,
+    xla_host_path_trusted,
+    xla_path_serves,
+)
+from pallas_pinned._families import import_kernel
+from pallas_pinned.kernels.row_layout import offsets_fit
 
 __all__ = [
+    "BACKENDS",
     "IMPLEMENTATIONS",
     "PALLAS_TRITON_DEPRECATION",
+    "Implementation",
     "check_available",
     "choose",
-    "kernels",
     "measured_choice",
     "pallas_triton_usable",
 ]
@@ -83,28 +78,149 @@ def _ignore_upstreams_deprecation() -> None:
 
 _ignore_upstreams_deprecation()
 
+
 KERNEL_BACKENDS = ("pallas", "triton", "interpret")
-IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
-    **{op: ("block", "pallas", "triton", "xla_native", "xla")
+BACKENDS = ("auto", "xla", *KERNEL_BACKENDS)
+
+# Entry numbers are int32 in the kernels' grids.
+MAX_KERNEL_ENTRIES = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """One way to run a call; :func:`choose` asks :meth:`unsupported` and runs the first yes.
+
+    ``block``: it copies a block whole (``_block``). Else it reads or writes the rows of a
+    2-D view: ``write_rows(x2d, rows, updates2d, row_write)`` and
+    ``read_rows(x2d, rows, *, ascending, thresholds)``.
+    """
+
+    name: str
+    write_rows: Callable | None = None
+    read_rows: Callable | None = None
+    block: bool = False
+
+    def unsupported(self, call: Any, x: Any, auto: bool) -> str | None:
+        """Why this cannot serve ``call`` on ``x`` (None: it can). ``auto``: chosen by
+        ``backend="auto"``, which also weighs speed; else named by the caller."""
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Block(Implementation):
+    def unsupported(self, call, x, auto):
+        if call.plan.kind != "block":
+            return "the index is not a block"
+        if auto and _placement.on_host(x) and not call.one_copy:
+            return "on a host buffer this block is written as rows (WriteCall.one_copy)"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _XlaNative(Implementation):
+    def unsupported(self, call, x, auto):
+        if not _host_on_cuda(x):
+            return "XLA's own path is measured for host buffers on CUDA only"
+        if call.op not in ("set", "add") or not xla_path_serves(call.op, x.dtype):
+            return f"XLA's own {call.op} would differ from ours"
+        if measured_choice(call.op, x.dtype, call.plan.num_entries, distinct=call.unique) != "xla":
+            return "the backend table measured the kernels faster"
+        if not xla_host_path_trusted():
+            return "the backend table was measured on another GPU or jax release"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kernels(Implementation):
+    family: str = "pallas"  # the launchers' family (_families.kernels)
+    interpret: bool = False  # Pallas's interpreter: any platform, backend="interpret" only
+
+    def unsupported(self, call, x, auto):
+        if call.plan.num_entries > MAX_KERNEL_ENTRIES:
+            return (f"{call.plan.num_entries} entries are more than its int32 entry numbers "
+                    f"reach ({MAX_KERNEL_ENTRIES}); split the call")
+        if self.family == "pallas" and not self.interpret:
+            for what, rows in (("x", call.plan.num_rows),
+                               ("the rows read or written", call.plan.num_entries)):
+                if not offsets_fit((rows, call.plan.width), x.dtype):
+                    return (f"Pallas's 32-bit offsets cannot address {what} "
+                            f"({rows} x {call.plan.width} {jnp.dtype(x.dtype)})")
+        if not auto:
+            return None
+        if self.interpret:
+            return "the interpreter serves backend='interpret' only"
+        if not _host_on_cuda(x):
+            return "the kernels serve host buffers on a CUDA GPU"
+        return _family_unavailable(self.family, call.op, x.dtype, call.plan.num_entries)
+
+
+def _kernels(name: str, family: str, *, interpret: bool = False) -> _Kernels:
+    how = {"family": family, "interpret": interpret}
+    return _Kernels(
+        name, functools.partial(_write_rows.write_kernel, **how),
+        functools.partial(_read_rows.read_kernel, **how), **how,
+    )
+
+
+BLOCK = _Block("block", block=True)
+XLA_NATIVE = _XlaNative("xla_native", _write_rows.write_xla_native)
+PALLAS = _kernels("pallas", "pallas")
+TRITON = _kernels("triton", "triton")
+INTERPRET = _kernels("interpret", "pallas", interpret=True)
+REFERENCE = Implementation("xla", _write_rows.write_reference, _read_rows.read_reference)
+
+IMPLEMENTATIONS: dict[str, tuple[Implementation, ...]] = {
+    **{op: (BLOCK, XLA_NATIVE, PALLAS, TRITON, REFERENCE)
        for op in ("set", "add", "min", "max", "mul")},
-    "get": ("block", "pallas", "triton", "xla"),  # A read has one XLA formulation.
+    "get": (BLOCK, PALLAS, TRITON, REFERENCE),  # A read has one XLA formulation.
 }
-
-# The kernel modules of each family, imported on first launch.
-_FAMILIES = {
-    "pallas": {
-        "set": "scatter_pallas", "add": "scatter_add_pallas", "get": "gather_pallas",
-        "order": "order_pallas",
-    },
-    "triton": {
-        "set": "scatter_triton", "add": "scatter_add_triton", "get": "gather_triton",
-    },
+_EXPLICIT = {
+    "xla": (BLOCK, REFERENCE),
+    "pallas": (PALLAS,),
+    "triton": (TRITON,),
+    "interpret": (INTERPRET,),
 }
 
 
-def _import_kernel(name: str):
-    return importlib.import_module(f"pallas_pinned.kernels.{name}")
+def choose(call: Any, x: Any) -> Implementation:
+    """The implementation that runs ``call`` on ``x``: the one place that decides.
 
+    ``call`` is the call's frozen plan (``op``, ``plan``, ``backend``, ``unique``,
+    ``one_copy``). ``auto`` walks the op's :data:`IMPLEMENTATIONS`; an explicit backend
+    walks its own list and raises NotImplementedError (with every reason) when none of
+    it can serve. A kernel chosen here still runs the reference off CUDA (a jit may be
+    lowered for another platform: ``lax.platform_dependent``).
+    """
+    auto = call.backend == "auto"
+    candidates = IMPLEMENTATIONS[call.op] if auto else _EXPLICIT[call.backend]
+    reasons = []
+    for impl in candidates:
+        reason = impl.unsupported(call, x, auto)
+        if reason is None:
+            return impl
+        reasons.append(f"{impl.name}: {reason}")
+    raise NotImplementedError(
+        f"backend={call.backend!r} cannot serve this call ({'; '.join(reasons)}); use "
+        "backend='auto', which falls back to XLA, or backend='xla'"
+    )
+
+
+def _host_on_cuda(x: Any) -> bool:
+    return _placement.on_host(x) and _placement.platform_of(x) == "gpu"
+
+
+def _family_unavailable(family: str, op: str, dtype, num_entries: int) -> str | None:
+    """Why ``auto`` does not run this kernel family here (None: it does)."""
+    if not pallas_triton_usable():
+        if family == "pallas":
+            return "Pallas's Triton backend does not lower in this jax"
+        return None if _without_pallas_triton() == "triton" else "jax-triton cannot launch"
+    triton_measured_faster = (
+        measured_choice(op, dtype, num_entries) == "triton" and raw_triton_usable()
+    )
+    if family == "pallas" and triton_measured_faster:
+        return "the backend table measured raw Triton faster"
+    return None
 
 @functools.cache
 def pallas_triton_importable() -> str | None:
@@ -167,48 +283,10 @@ def pallas_triton_usable() -> bool:
 @functools.cache
 def raw_triton_usable() -> bool:
     try:
-        _import_kernel("triton_common").check_can_launch()
+        import_kernel("triton_common").check_can_launch()
     except (ImportError, NotImplementedError):  # Not installed, or cannot launch here.
         return False
     return True
-
-
-def kernels(backend: str) -> types.SimpleNamespace:
-    """The launchers of one kernel family, by op and path (None where the family has none).
-
-    ``set``, ``set_fused``, ``add``, ``add_fused``, ``add_sorted``, ``order`` (a stable
-    order of row numbers), ``get``, and
-    ``atomic_write_allowed(dtype, acc_dtype)``: whether the family's adds take
-    ``atomic_write=True`` for such a buffer.
-
-    ``"interpret"`` is the Pallas family run by the Pallas interpreter.
-    Imports the family's modules on first use (ImportError with the reason
-    when they cannot be imported).
-    """
-    family = "pallas" if backend == "interpret" else backend
-    modules = {op: _import_kernel(name) for op, name in _FAMILIES[family].items()}
-    interpret = {"interpret": True} if backend == "interpret" else {}
-    if family == "triton":
-        return types.SimpleNamespace(
-            set=modules["set"].scatter_rows_triton,
-            set_fused=None,
-            add=modules["add"].scatter_add_rows_triton,
-            add_fused=None,
-            add_sorted=None,
-            order=None,
-            get=modules["get"].gather_rows_triton,
-            atomic_write_allowed=lambda dtype, acc_dtype: False,
-        )
-    return types.SimpleNamespace(
-        set=functools.partial(modules["set"].scatter_rows, **interpret),
-        set_fused=functools.partial(modules["set"].scatter_rows_fused, **interpret),
-        add=functools.partial(modules["add"].scatter_add_rows, **interpret),
-        add_fused=functools.partial(modules["add"].scatter_add_rows_fused, **interpret),
-        add_sorted=functools.partial(modules["add"].scatter_add_sorted_runs, **interpret),
-        order=functools.partial(modules["order"].stable_order, **interpret),
-        get=functools.partial(modules["get"].gather_rows, **interpret),
-        atomic_write_allowed=modules["add"].atomic_write_allowed,
-    )
 
 
 def check_available(x: Any, backend: str) -> None:
@@ -230,120 +308,13 @@ def check_available(x: Any, backend: str) -> None:
         # before the platform; off a GPU it says that too, so that installing the extra
         # is not the whole fix it seems.
         try:
-            _import_kernel("triton_common").check_installed()
+            import_kernel("triton_common").check_installed()
         except ImportError as err:
             if platform == "gpu":
                 raise
             raise ImportError(f"{err}; backend='triton' also {off_gpu}") from err
     if backend in ("pallas", "triton") and platform != "gpu":
         raise NotImplementedError(f"backend={backend!r} compiles a Triton kernel and {off_gpu}")
-
-
-# Names a table to use instead of the shipped one: one that ``python -m
-# benchmarks.choose_backends --out FILE`` wrote from a loop run on your own machine.
-TABLE_ENV = "PALLAS_PINNED_BACKEND_TABLE"
-
-
-@functools.cache
-def _table() -> dict:
-    """The table ``auto`` follows: ``$PALLAS_PINNED_BACKEND_TABLE``, else the shipped one.
-
-    Read once per process, on the first ``auto`` call that consults it.
-    """
-    path = os.environ.get(TABLE_ENV)
-    if not path:
-        text = resources.files("pallas_pinned").joinpath("backend_table.json").read_text()
-        return json.loads(text)
-    try:
-        table = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ValueError(
-            f"${TABLE_ENV}={path!r} is not a readable backend table ({err}); write one with "
-            f"python -m benchmarks.choose_backends --out FILE, or unset {TABLE_ENV}"
-        ) from err
-    if not isinstance(table, dict) or not isinstance(table.get("choices"), dict):
-        raise ValueError(
-            f"${TABLE_ENV}={path!r} has no 'choices': not a table written by "
-            "python -m benchmarks.choose_backends"
-        )
-    return table
-
-
-def measured_choice(op: str, dtype, num_entries: int, *, distinct: bool = False) -> str:
-    """The implementation the table measured fastest: ``"pallas"``, ``"triton"`` or ``"xla"``.
-
-    The table lists, per op and dtype, size classes by their largest entry
-    count (``"size_classes"``); a call falls in the first class that holds it
-    (the last one beyond, except that XLA's path is never taken beyond the
-    measured classes). Where the table says nothing: ``"pallas"``. min,
-    max and mul read and write rows as add does: they follow add's entries.
-    ``distinct``: the rows are known distinct (``unique_indices=True``, or an index
-    form that cannot repeat a row); an entry's ``"distinct_backend"`` then decides,
-    where the table measured such rows apart (XLA's set path skips our
-    de-duplication there, and its add is slow on rows that repeat).
-    """
-    table = _table()
-    op = {"min": "add", "max": "add", "mul": "add", "get": "gather"}.get(op, op)
-    entries = table["choices"].get(op, {}).get(str(jnp.dtype(dtype)), {})
-    bounds = table.get("size_classes", [])
-    bound = next((b for b in bounds if num_entries <= b), None)
-    beyond = bound is None  # more entries than any measured class
-    entry = entries.get(str(bounds[-1] if beyond and bounds else bound))
-    if not entry:
-        return "pallas"
-    choice = entry.get("distinct_backend", entry["backend"]) if distinct else entry["backend"]
-    if beyond and choice == "xla":
-        # XLA's host path was measured up to the last class only, and XLA's own one-shot
-        # add of 256 Ki and 4 Mi rows took 1.8x and 7.9x the kernels' time
-        # (benchmarks.gather_add, 2026-12-03): the kernels serve beyond.
-        return entry["backend"] if entry["backend"] != "xla" else "pallas"
-    return choice
-
-
-def _auto_kernel(op: str, dtype, num_entries: int, distinct: bool = False) -> str | None:
-    """``"pallas"``, ``"triton"``, ``"xla_native"``, or None (no kernel runs) for ``auto``."""
-    choice = measured_choice(op, dtype, num_entries, distinct=distinct)
-    if choice == "xla" and _xla_path_serves(op, dtype) and xla_host_path_trusted():
-        return "xla_native"
-    if not pallas_triton_usable():
-        return _without_pallas_triton()
-    if choice == "triton" and raw_triton_usable():
-        return "triton"
-    return "pallas"
-
-
-def _xla_path_serves(op: str, dtype) -> bool:
-    """Whether XLA's own formulation gives what the kernels give, for a table's xla entry.
-
-    Set: the same bits (our de-duplication runs first, the last write wins), at a cost
-    that does not grow with duplicate indices. Add: the same sums up to the rounding
-    order of duplicates, where XLA adds in our accumulator's dtype (float32; bfloat16
-    sums would round at every step). min, max and mul follow add's entries but have no
-    XLA formulation here. The table takes XLA's path only where it was also measured
-    with the rows read back (XLA's path lost there in some cases), and for add only
-    where a real client measured it too: XLA's add slowed tenfold on ids that repeat
-    (``benchmarks.choose_backends``).
-    """
-    if op == "set":
-        return True
-    return op == "add" and _rows.add_accumulator_dtype(dtype) == jnp.dtype(dtype)
-
-
-@functools.cache
-def xla_host_path_trusted() -> bool:
-    """Whether ``auto`` may take XLA's own path for a host buffer where the table says so.
-
-    Only on the jax release the table was measured with: XLA's handling of
-    dynamic indices into host memory changes between releases (older ones
-    abort, 0.11 tags it host compute), so elsewhere it is unmeasured and the
-    kernels serve. Never when XLA is told not to offload host compute
-    (``--xla_disable_automatic_host_compute_offload``), which that path needs.
-    """
-    measured = str(_table().get("measured", {}).get("jax") or "")
-    same_release = measured.split(".")[:2] == jax.__version__.split(".")[:2]
-    flags = os.environ.get("XLA_FLAGS", "")
-    disabled = re.search(r"xla_disable_automatic_host_compute_offload(=(true|1))?(\s|$)", flags)
-    return same_release and not disabled
 
 
 @functools.cache
@@ -367,33 +338,3 @@ def _without_pallas_triton() -> str | None:
     return None
 
 
-def choose(
-    op: str, plan_kind: str, x: Any, num_entries: int, backend: str, *, block_copy: bool = False,
-    distinct: bool = False,
-) -> str:
-    """The implementation that serves one traced call: a name of :data:`IMPLEMENTATIONS`.
-
-    For an explicit kernel backend, that backend (its availability was
-    checked up front); for ``"xla"``, ``"block"`` where the index is a block,
-    else ``"xla"``. ``"auto"`` walks the op's list: a block copy for a block
-    in device memory (or on a host buffer with ``block_copy``, the measured
-    switch of :class:`tuning.Thresholds`); for a host buffer what the table
-    measured fastest (a kernel that can run here, or XLA's own formulation);
-    XLA otherwise. A kernel choice still runs XLA off CUDA
-    (the caller wraps it in ``lax.platform_dependent``). ``distinct``: the rows are
-    known distinct (:func:`measured_choice`).
-    """
-    if backend in KERNEL_BACKENDS:
-        return backend
-    host = _placement.on_host(x)
-    block_ok = plan_kind == "block" and (backend == "xla" or not host or block_copy)
-    for name in IMPLEMENTATIONS[op]:
-        if name == "block" and block_ok:
-            return name
-        if name in ("pallas", "triton", "xla_native") and backend == "auto" and host:
-            picked = _auto_kernel(op, x.dtype, num_entries, distinct)
-            if picked is not None:
-                return picked
-        if name == "xla":
-            return name
-    raise AssertionError(f"no implementation of {op}")  # "xla" always serves.

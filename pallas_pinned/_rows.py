@@ -22,8 +22,6 @@ __all__ = [
     "add_accumulator_dtype",
     "combine_duplicates",
     "dedupe_last_wins",
-    "drop_superseded",
-    "drop_superseded_small",
     "index_dtype",
     "check_rows_addressable",
     "normalize_rows",
@@ -153,46 +151,9 @@ def dedupe_last_wins(rows: jax.Array, num_rows: int, *, presorted: bool = False)
     else:
         # A stable order keeps equal rows in their input order, so the last of
         # each run is the last occurrence in the input.
-        rows, src = stable_order(rows, small_max=0)
+        rows, src = stable_order(rows)
     superseded = jnp.concatenate([rows[:-1] == rows[1:], jnp.zeros((1,), bool)])
     return jnp.where(superseded, skip_row(num_rows, rows.dtype), rows), src
-
-
-def _materialized(rows: jax.Array) -> jax.Array:
-    """``rows``, computed once before an ``n x n`` comparison reads each of them ``n`` times.
-
-    Without the barrier XLA may fuse the rows' producer into the comparison and
-    recompute it per pair: on the H200 (2026-12-03), with rows drawn by
-    ``jax.random`` inside the step, the set path of 256 rows x 1 KiB took 72.6 us
-    per step against 18.5 us without the comparison, and 15.9 us with the barrier.
-    """
-    return lax.optimization_barrier(rows)
-
-
-def drop_superseded_small(rows: jax.Array, num_rows: int) -> jax.Array:
-    """Marks every row written again later as skipped, keeping the input order.
-
-    The survivors of :func:`dedupe_last_wins` without a sort: an ``n x n``
-    comparison that XLA fuses with the index normalization, so a handful of
-    updates launches no sort kernel. Quadratic: small batches only.
-    """
-    n = rows.shape[0]
-    rows = _materialized(rows)
-    later = jnp.arange(n)[None, :] > jnp.arange(n)[:, None]
-    superseded = jnp.any((rows[:, None] == rows[None, :]) & later, axis=1)
-    return jnp.where(superseded, skip_row(num_rows, rows.dtype), rows)
-
-
-def drop_superseded(rows: jax.Array, num_rows: int, *, small_max: int, presorted: bool = False):
-    """The last occurrence of each row wins; returns ``(rows, src)`` as :func:`dedupe_last_wins`.
-
-    Up to ``small_max`` entries (and rows not already ascending): the fused ``n x n``
-    check of :func:`drop_superseded_small`, in input order (``src`` is ``None``);
-    beyond, the stable sort.
-    """
-    if not presorted and rows.shape[0] <= small_max:
-        return drop_superseded_small(rows, num_rows), None
-    return dedupe_last_wins(rows, num_rows, presorted=presorted)
 
 
 # How duplicate updates of one row combine, and how the total meets the row.
@@ -235,24 +196,10 @@ def segmented_scan(run_ids: jax.Array, values: jax.Array, op: str = "add") -> ja
     return totals
 
 
-def stable_order(rows: jax.Array, *, small_max: int):
-    """``(sorted_rows, perm)``: a stable ascending order of ``rows``.
-
-    Up to ``small_max`` entries the rank of each entry is counted with an
-    ``n x n`` comparison, which XLA fuses, instead of launching a sort; both
-    give the same permutation (ties keep their input order).
-    """
-    n = rows.shape[0]
-    positions = lax.iota(jnp.int32, n)
-    if n > small_max:
-        return lax.sort((rows, positions), num_keys=1, is_stable=True)
-    rows = _materialized(rows)
-    before = (rows[None, :] < rows[:, None]) | (
-        (rows[None, :] == rows[:, None]) & (positions[None, :] < positions[:, None])
-    )
-    rank = jnp.sum(before, axis=1, dtype=jnp.int32)
-    perm = jnp.zeros((n,), jnp.int32).at[rank].set(positions, unique_indices=True)
-    return rows[perm], perm
+def stable_order(rows: jax.Array):
+    """``(sorted_rows, perm)``: a stable ascending order of ``rows`` (ties keep their input
+    order)."""
+    return lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1, is_stable=True)
 
 
 def combine_duplicates(
@@ -261,7 +208,6 @@ def combine_duplicates(
     num_rows: int,
     *,
     presorted: bool = False,
-    small_max: int = 0,
     op: str = "add",
 ):
     """Combines the ``(n, d)`` value rows of equal rows with ``op``, in a fixed order.
@@ -271,11 +217,10 @@ def combine_duplicates(
     that last entry the total of the run (:func:`segmented_scan`: the same
     input always gives the same bits). With ``presorted=True`` the rows are
     taken to ascend already; otherwise they are put in a stable order
-    (:func:`stable_order`, without a sort up to ``small_max`` entries), so the
-    order of equal rows, and hence their total, is fixed.
+    (:func:`stable_order`), so the order of equal rows, and hence their total, is fixed.
     """
     if not presorted:
-        rows, perm = stable_order(rows, small_max=small_max)
+        rows, perm = stable_order(rows)
         values = values[perm]
     changes = rows[1:] != rows[:-1]
     # Runs are stretches of adjacent equal rows; should a broken "presorted"

@@ -38,7 +38,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pallas_pinned import (
-    _holder,
     _index_parse,
     _local_read,
     _local_write,
@@ -198,12 +197,7 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
         _validation.check_not_aliased(x, (name, operand))
     if backend in _registry.KERNEL_BACKENDS:
         _registry.check_available(x, backend)
-    shard_view = (plan.num_rows // layout.shards, plan.width)
-    _validation.check_offsets(backend, "a shard", shard_view, x.dtype)
-    if op != "set":
-        _validation.check_offsets(backend, "updates", (plan.num_entries, plan.width), x.dtype)
     traced = not _placement.is_concrete(x)
-    given = (operands, updates)  # Placing them reads them too (held below).
     operands = tuple(_place(name, a, layout, traced)
                      for name, a in _validation.named_operands(index, operands))
     updates = _place("updates", updates, layout, traced)
@@ -216,9 +210,9 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
         return write_differentiable(x, operands, updates, cfg)
     if plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write: the buffer stays as it is, not consumed.
-    donate = _local_write.may_donate(operands, updates)
+    donate = _placement.in_host_memory(x) and _local_write.may_donate(operands, updates)
     written = eager_write(x.sharding, donate)(x, operands, updates, cfg)
-    return _holder.hold_until_computed(written, x, operands, updates, given)
+    return _placement.wait_for_result(written)
 
 
 def scatter(x, index, updates, **settings):
@@ -243,11 +237,7 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
     _validation.check_rows_to_read(x.shape, plan, mode)
     if backend in _registry.KERNEL_BACKENDS:
         _registry.check_available(x, backend)
-    shard_view = (plan.num_rows // layout.shards, plan.width)
-    _validation.check_offsets(backend, "a shard", shard_view, x.dtype)
-    _validation.check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)
     traced = not _placement.is_concrete(x)
-    given = operands  # Placing them reads them too (held below).
     operands = tuple(_place(name, a, layout, traced)
                      for name, a in _validation.named_operands(index, operands))
     call = _local_read.ReadCall.of(
@@ -264,4 +254,4 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
         value = np.asarray(lax.full((), call.fill_value(x.dtype), x.dtype))
         out = np.full(out_shape, value if x.size == 0 else 0, jnp.dtype(x.dtype))
         return jax.device_put(out, NamedSharding(layout.mesh, P()))
-    return _holder.hold_until_computed(gather_jit(x, operands, cfg), x, operands, given)
+    return _placement.wait_for_result(gather_jit(x, operands, cfg))

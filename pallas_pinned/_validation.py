@@ -19,12 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_pinned import _index, _index_parse, _placement, _registry
-from pallas_pinned.kernels.row_layout import offsets_fit
 
 # jnp's scatter modes ("fill" means "drop" for a write, as in jnp), and ours:
 # "wrap" takes every index modulo its axis.
 MODES = (None, "drop", "fill", "clip", "promise_in_bounds", "wrap")
-BACKENDS = ("auto", "xla", "pallas", "triton", "interpret")
+BACKENDS = _registry.BACKENDS
 # jnp's get modes (jax 0.11.2 and 0.12): None means "promise_in_bounds" there,
 # which XLA implements by clamping; "drop" means "fill". Plus "wrap".
 GATHER_MODES = (None, "fill", "drop", "clip", "promise_in_bounds", "wrap")
@@ -237,16 +236,6 @@ def _buffer_pointers(a: Any) -> set[int]:
         return set()
 
 
-def check_offsets(backend: str, what: str, shape: tuple[int, ...], dtype) -> None:
-    """An explicit ``"pallas"`` backend refuses arrays its 32-bit offsets would wrap."""
-    if backend == "pallas" and not offsets_fit(shape, dtype):
-        raise NotImplementedError(
-            f"backend='pallas' cannot address {what} of {math.prod(shape)} {jnp.dtype(dtype)} "
-            "elements: Pallas uses 32-bit signed offsets for 1-byte arrays of 2-4 GiB; use "
-            "backend='auto' (falls back to XLA), backend='triton', or split the call"
-        )
-
-
 def check_write(
     op: str, x: Any, index: Any, updates: Any, *, mode: Any, backend: Any
 ) -> tuple[_index.IndexPlan, tuple]:
@@ -263,8 +252,6 @@ def check_write(
         check_not_aliased(x, (name, operand))
     check_kernel_backend(x, backend, plan)
     check_interpret_invarying(backend, x, updates, *operands)
-    if op != "set":  # The read-modify-write kernels also address the (n, d) update rows.
-        check_offsets(backend, "updates", (plan.num_entries, plan.width), x.dtype)
     return plan, operands
 
 
@@ -279,7 +266,6 @@ def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.I
         check_same_device(x, (name, operand))
     check_kernel_backend(x, backend, plan)
     check_interpret_invarying(backend, x, *operands)
-    check_offsets(backend, "a result", (plan.num_entries, plan.width), x.dtype)
     return plan, operands
 
 
@@ -321,10 +307,10 @@ def check_rows_to_read(shape: tuple[int, ...], plan: _index.IndexPlan, mode: Any
 
 
 def check_kernel_backend(x: Any, backend: str, plan: _index.IndexPlan) -> None:
-    """An explicit kernel backend must be able to run here, on this buffer's 2-D view."""
+    """An explicit kernel backend must be able to run here (its limits on this call's
+    shapes are ``_registry.choose``'s to check, at trace time, before anything runs)."""
     if backend in _registry.KERNEL_BACKENDS:
         _registry.check_available(x, backend)
-        check_offsets(backend, "a buffer", (plan.num_rows, plan.width), x.dtype)
 
 
 def default_fill(dtype) -> Any:

@@ -1,21 +1,20 @@
 """Writes into the rows of a 2-D view of the buffer: set, add, min, max, mul; XLA or a kernel.
 
-Every write reaches this module as ``x2d`` ``(num_rows, d)``, a flat list of
-``rows`` and ``(n, d)`` updates (``_local_write`` made them from any index form).
-:func:`write` runs one implementation of ``_registry``:
+Every row write reaches this module as ``x2d`` ``(num_rows, d)``, a flat list of
+``rows`` and ``(n, d)`` updates (``_local_write`` made them from any index form),
+through one implementation of ``_registry``:
 
-* ``"xla"``: the references (``reference.py``), with the row reads and writes
-  of a host buffer done on the buffer itself (``_host_xla``);
-* ``"xla_native"``: XLA's own ``x.at[rows].set`` / ``.add`` on the normalized
-  rows (a set's duplicates dropped first), where the backend table measured
-  it faster than the kernels;
-* a kernel backend: the rows are normalized, and duplicates resolved on the
-  device first (set: the last occurrence wins; add, min, max, mul: combined
-  in a fixed order), so that every kernel entry owns a distinct row; then the
-  family's launcher writes into the aliased buffer. Set and add keep a
-  one-launch path for small batches (normalization and de-duplication or
-  combining in the kernel); add has its own read-add-write kernel; min, max
-  and mul read the rows with the gather kernel, combine on the device and
+* :func:`write_reference`: the plain-jnp references (``reference.py``), with the row
+  reads and writes of a host buffer done on the buffer itself (``_host_xla``);
+* :func:`write_xla_native`: XLA's own ``x.at[rows].set`` / ``.add`` on the normalized
+  rows (a set's duplicates dropped first);
+* :func:`write_kernel`: a kernel family. Duplicates are resolved on the device
+  first (set: the last occurrence wins; add, min, max, mul: combined in a fixed
+  order), so that every kernel entry owns a distinct row, except on the one-launch
+  paths, which do both themselves. Add's paths: one launch for small batches; the
+  sorted-runs kernel over a stable order for rows that may repeat, and for distinct
+  rows it sorts for locality; the plain add kernel for other distinct rows. min,
+  max and mul read the rows with the gather kernel, combine on the device and
   write them with the set kernel.
 """
 
@@ -28,11 +27,11 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_pinned import _host_xla, _placement, _registry, _rows, tuning
-from pallas_pinned.kernels.row_layout import offsets_fit
+from pallas_pinned import _host_xla, _placement, _rows, tuning
+from pallas_pinned._families import kernels
 from pallas_pinned.reference import scatter_combine_rows_reference, scatter_rows_reference
 
-__all__ = ["RowWrite", "updates_2d", "write"]
+__all__ = ["RowWrite", "updates_2d", "write_kernel", "write_reference", "write_xla_native"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,45 +40,25 @@ class RowWrite:
 
     op: str  # "set", "add", "min", "max" or "mul"
     mode: str | None  # jnp's modes, applied to the rows of the 2-D view
-    # The rows are distinct, after the mode: the caller decides it once
-    # (``_local_write.WriteCall.of``: a promise of unique indices says nothing
-    # of the rows under "clip", the index form's own guarantee still does).
+    # The rows are distinct, after the mode (``_local_write.WriteCall.of`` decides).
     unique: bool
     ascending: bool  # the normalized rows ascend
     thresholds: tuning.Thresholds
-
-
-def write(x2d, rows, updates2d, cfg: RowWrite, implementation: str):
-    """``x2d`` after the write, by ``implementation`` (``"xla"`` or a kernel backend)."""
-    x2d = _placement.varying_as(x2d, rows, updates2d)
-    if implementation == "xla":
-        return _xla(x2d, rows, updates2d, cfg)
-    if implementation == "xla_native":
-        # Measured on CUDA only: elsewhere the reference keeps its own arithmetic.
-        return lax.platform_dependent(
-            x2d, rows, updates2d, cuda=functools.partial(_xla_native, cfg=cfg),
-            default=functools.partial(_xla, cfg=cfg),
-        )
-    kernel = functools.partial(_kernel, cfg=cfg, backend=implementation)
-    if implementation == "pallas" and not (
-        offsets_fit(x2d.shape, x2d.dtype) and offsets_fit(updates2d.shape, x2d.dtype)
-    ):
-        return _xla(x2d, rows, updates2d, cfg)  # Pallas' 32-bit offsets would wrap.
-    if implementation == "interpret":
-        return kernel(x2d, rows, updates2d)  # Any platform.
-    return lax.platform_dependent(
-        x2d, rows, updates2d, cuda=kernel, default=functools.partial(_xla, cfg=cfg)
-    )
 
 
 def _normalized(x2d, rows, cfg: RowWrite):
     return _rows.normalize_rows(_placement.to_device_memory(rows), x2d.shape[0], cfg.mode)
 
 
-def _xla(x2d, rows, updates2d, cfg: RowWrite):
+def write_reference(x2d, rows, updates2d, cfg: RowWrite):
+    """The references' write. On the CPU a set is XLA's own scatter, which applies
+    duplicates in order (the last wins), as ours do: nothing to add to it."""
     rows = _normalized(x2d, rows, cfg)
     if cfg.op == "set":
-        return scatter_rows_reference(x2d, rows, updates2d, unique=cfg.unique)
+        return lax.platform_dependent(
+            x2d, rows, updates2d, cpu=_scatter_in_order,
+            default=functools.partial(scatter_rows_reference, unique=cfg.unique),
+        )
     if not _placement.on_host(x2d):
         return scatter_combine_rows_reference(
             x2d, rows, updates2d, op=cfg.op, unique=cfg.unique
@@ -92,32 +71,40 @@ def _xla(x2d, rows, updates2d, cfg: RowWrite):
     return _host_xla.set_distinct_rows(x2d, rows, merged)
 
 
-def _xla_native(x2d, rows, updates2d, cfg: RowWrite):
-    """XLA's own formulation of a set or an add, ``x2d.at[rows].set/add(updates2d)``: what
-    ``auto`` runs where the table measured it faster (for a host buffer, a GPU scatter
-    kernel of XLA's that stores into the buffer over PCIe, without our ordering work).
+def _scatter_in_order(x2d, rows, updates2d):
+    # The write's derivatives are its own rules (_local_write.with_write_rules); a forward
+    # mode that reaches in here (jax.hessian's) gets its refusal there, not a tangent of
+    # XLA's scatter, whose rule for repeated indices mixes memory spaces.
+    x2d, updates2d = lax.stop_gradient((x2d, updates2d))
+    return x2d.at[rows].set(updates2d, mode="drop", wrap_negative_indices=False)
 
-    The rows are normalized here, at full width, so XLA only ever sees rows in range or
-    skip markers (its host path truncated 64-bit indices on the H200). XLA applies
-    duplicate indices in no fixed order (on the H200 its host path kept other than the
-    last), so for a set every row written again later is dropped first: the last
-    occurrence wins, as on every path. An add sums duplicates in XLA's order, in the
-    buffer's dtype: ``auto`` takes it only where that is also our accumulator's
-    (float32, not bfloat16), so only the rounding order of duplicates may differ.
+
+def write_xla_native(x2d, rows, updates2d, cfg: RowWrite):
+    """XLA's own set or add on CUDA; the reference elsewhere (where it was not measured)."""
+    return lax.platform_dependent(
+        x2d, rows, updates2d, cuda=functools.partial(_xla_native, cfg=cfg),
+        default=functools.partial(write_reference, cfg=cfg),
+    )
+
+
+def _xla_native(x2d, rows, updates2d, cfg: RowWrite):
+    """``x2d.at[rows].set/add(updates2d)``: for a host buffer, a GPU scatter kernel of
+    XLA's that stores into the buffer over PCIe, without our ordering work.
+
+    The rows are normalized here, at full width, so XLA only ever sees rows in range
+    or skip markers (XLA's host path can truncate 64-bit indices). XLA applies
+    duplicate indices in no fixed order, so for a set every row written again later
+    is dropped first: the last occurrence wins, as on every path. An add sums
+    duplicates in XLA's order, in the buffer's dtype: ``auto`` takes it only where that
+    is also our accumulator's (float32), so only the rounding order of duplicates may
+    differ.
     """
-    if cfg.op not in ("set", "add"):
-        raise AssertionError(f"XLA's own path serves set and add only, not {cfg.op}")
-    num_rows = x2d.shape[0]
     rows = _normalized(x2d, rows, cfg)
     if cfg.op == "add":
         return x2d.at[rows].add(updates2d, mode="drop", wrap_negative_indices=False)
     if not cfg.unique and rows.shape[0] > 1:
-        # The threshold measured with this path on the H200 (2026-12-03) is add's.
-        rows, src = _rows.drop_superseded(
-            rows, num_rows, small_max=cfg.thresholds.small_combine_max
-        )
-        if src is not None:
-            updates2d = updates2d[src]
+        rows, src = _rows.dedupe_last_wins(rows, x2d.shape[0])
+        updates2d = updates2d[src]
     return x2d.at[rows].set(updates2d, mode="drop", wrap_negative_indices=False)
 
 
@@ -127,118 +114,105 @@ def _combined(x2d, rows, updates2d, cfg: RowWrite, *, presorted: bool = False):
     if cfg.unique or rows.shape[0] <= 1:
         return rows, totals
     return _rows.combine_duplicates(
-        rows,
-        totals,
-        x2d.shape[0],
-        presorted=presorted,
-        small_max=cfg.thresholds.small_combine_max,
-        op=cfg.op,
+        rows, totals, x2d.shape[0], presorted=presorted, op=cfg.op
     )
 
 
-def _kernel(x2d, rows, updates2d, *, cfg: RowWrite, backend: str):
+def write_kernel(x2d, rows, updates2d, cfg: RowWrite, *, family: str, interpret: bool):
+    """The kernel family's write on CUDA (on every platform under Pallas's
+    interpreter); the reference elsewhere."""
     # The one-launch kernels take raw rows and wrap negatives in the indices' own type,
     # past normalize_rows: refuse rows that type cannot number here, for every path.
     _rows.check_rows_addressable(x2d.shape[0])
-    launch = _registry.kernels(backend)
-    if cfg.op == "set":
-        return _placement.place_result(_kernel_set(launch, x2d, rows, updates2d, cfg), x2d)
-    if cfg.op == "add":
-        return _placement.place_result(_kernel_add(launch, x2d, rows, updates2d, cfg), x2d)
-    # min, max, mul: read the distinct rows, combine on the device, write them back.
+    launch = kernels(family, interpret=interpret)
+    kernel = functools.partial(_KERNEL_WRITES[cfg.op], cfg=cfg, launch=launch)
+    if interpret:
+        return kernel(x2d, rows, updates2d)
+    return lax.platform_dependent(
+        x2d, rows, updates2d, cuda=kernel, default=functools.partial(write_reference, cfg=cfg)
+    )
+
+
+def _kernel_set(x2d, rows, updates2d, *, cfg: RowWrite, launch):
+    limits = cfg.thresholds
+    if launch.set_fused is not None and updates2d.shape[0] <= limits.fused_max_updates:
+        # Small batches: one launch that normalizes and de-duplicates by itself.
+        # widen is a no-op for int32 (int64 with x64) indices.
+        raw = _rows.widen(_placement.to_device_memory(rows))
+        out = launch.set_fused(x2d, raw, updates2d, mode=cfg.mode,
+                               drop_superseded=not cfg.unique)
+        return _placement.place_result(out, x2d)
+    rows = _normalized(x2d, rows, cfg)
+    # Duplicates must be resolved before the kernel runs (its programs write
+    # in parallel); sorting also turns scattered PCIe writes into ascending ones.
+    sort_for_locality = not cfg.ascending and updates2d.shape[0] >= limits.sort_from
+    dedupe = not cfg.unique or sort_for_locality
+    src = None
+    if dedupe:
+        rows, src = _rows.dedupe_last_wins(rows, x2d.shape[0], presorted=cfg.ascending)
+    # De-duplication marks superseded rows past the end: those must always be
+    # masked, even when the caller promised in-bounds indices.
+    check_bounds = dedupe or cfg.mode != "promise_in_bounds"
+    out = launch.set(x2d, rows, src, updates2d, check_bounds=check_bounds)
+    return _placement.place_result(out, x2d)
+
+
+def _kernel_add(x2d, rows, updates2d, *, cfg: RowWrite, launch):
+    limits = cfg.thresholds
+    acc = _rows.add_accumulator_dtype(x2d.dtype)
+    num_updates = updates2d.shape[0]
+    atomic = {}
+    if launch.atomic_write_allowed(x2d.dtype, acc) and num_updates >= limits.atomic_add_from:
+        atomic = {"atomic_write": True}
+    # Hot rows make the one launch's duplicate sums long: rows that may repeat take it
+    # for fewer updates.
+    fused_max = limits.fused_max_adds if cfg.unique else limits.fused_max_unpromised_adds
+    if launch.add_fused is not None and num_updates <= fused_max:
+        # Small batches: one launch that normalizes and combines duplicates by itself.
+        raw = _rows.widen(_placement.to_device_memory(rows))
+        out = launch.add_fused(x2d, raw, updates2d, mode=cfg.mode,
+                               combine_duplicates=not cfg.unique, acc_dtype=acc, **atomic)
+        return _placement.place_result(out, x2d)
+    rows = _normalized(x2d, rows, cfg)
+    src = None
+    check_bounds = cfg.mode != "promise_in_bounds"
+    repeats = not cfg.unique and num_updates > 1
+    sort_for_locality = not cfg.ascending and num_updates >= limits.sort_from
+    if launch.add_sorted is not None and (repeats or sort_for_locality):
+        # A stable order makes each row's entries one run; the kernel sums each run in
+        # entry order and masks the skip markers itself.
+        if not cfg.ascending:
+            if launch.order is not None and num_updates <= limits.order_kernel_max:
+                rows, src = launch.order(rows)  # One launch instead of XLA's sort.
+            else:
+                rows, src = _rows.stable_order(rows)
+        out = launch.add_sorted(x2d, rows, src, updates2d, acc_dtype=acc, **atomic)
+        return _placement.place_result(out, x2d)
+    if repeats:
+        # A family without the runs kernel: one distinct row per entry, summed on the
+        # device first; the skip markers it leaves behind must always be masked.
+        rows, updates2d = _combined(x2d, rows, updates2d, cfg, presorted=cfg.ascending)
+        check_bounds = True
+    out = launch.add(x2d, rows, src, updates2d, acc_dtype=acc, check_bounds=check_bounds,
+                     **atomic)
+    return _placement.place_result(out, x2d)
+
+
+def _kernel_combine(x2d, rows, updates2d, *, cfg: RowWrite, launch):
+    """min, max, mul: read the distinct rows, combine on the device, write them back."""
     rows, totals = _combined(x2d, _normalized(x2d, rows, cfg), updates2d, cfg)
     current = launch.get(x2d, rows, None).astype(totals.dtype)
     merged = _rows.COMBINERS[cfg.op](current, totals).astype(x2d.dtype)
     return _placement.place_result(launch.set(x2d, rows, None, merged, check_bounds=True), x2d)
 
 
-def _kernel_set(launch, x2d, rows, updates2d, cfg: RowWrite):
-    num_rows, num_updates = x2d.shape[0], updates2d.shape[0]
-    limits = cfg.thresholds
-    if (
-        launch.set_fused is not None and num_updates <= limits.fused_max_updates
-    ):
-        # Small batches: one launch that normalizes and de-duplicates by itself.
-        # widen is a no-op for int32 (int64 with x64) indices.
-        raw = _rows.widen(_placement.to_device_memory(rows))
-        return launch.set_fused(
-            x2d, raw, updates2d, mode=cfg.mode, drop_superseded=not cfg.unique
-        )
-    rows = _normalized(x2d, rows, cfg)
-    # Duplicates must be resolved before the kernel runs (its programs write
-    # in parallel); sorting also turns scattered PCIe writes into ascending ones.
-    sort_for_locality = (
-        limits.coalesce and not cfg.ascending and num_updates >= limits.sort_min_updates
-    )
-    dedupe = not cfg.unique or sort_for_locality
-    src = None
-    if dedupe:
-        rows, src = _rows.drop_superseded(
-            rows, num_rows, small_max=limits.small_dedupe_max, presorted=cfg.ascending
-        )
-    # De-duplication marks superseded rows past the end: those must always be
-    # masked, even when the caller promised in-bounds indices.
-    check_bounds = dedupe or cfg.mode != "promise_in_bounds"
-    return launch.set(x2d, rows, src, updates2d, check_bounds=check_bounds)
-
-
-# distinct_adds_by_runs serves rows of at least this many bytes: the rows it was measured on.
-_RUNS_MIN_ROW_BYTES = 256
-
-
-def _stable_order(launch, rows, thresholds):
-    if launch.order is not None and rows.shape[0] <= thresholds.order_kernel_max:
-        return launch.order(rows)  # One launch instead of about five (tuning says).
-    return _rows.stable_order(rows, small_max=thresholds.runs_rank_max)
-
-
-def _kernel_add(launch, x2d, rows, updates2d, cfg: RowWrite):
-    acc = _rows.add_accumulator_dtype(x2d.dtype)
-    atomic = {}
-    if launch.atomic_write_allowed(x2d.dtype, acc) and (
-        updates2d.shape[0] >= cfg.thresholds.atomic_add_from
-    ):
-        atomic = {"atomic_write": True, "relaxed_atomics": cfg.thresholds.relaxed_atomics}
-    fused_max = cfg.thresholds.fused_max_adds
-    if not cfg.unique:  # Hot rows make the one launch's duplicate sums long (tuning says).
-        fused_max = min(fused_max, cfg.thresholds.fused_max_unpromised_adds)
-    if launch.add_fused is not None and updates2d.shape[0] <= fused_max:
-        # Small batches: one launch that normalizes and combines duplicates by itself.
-        raw = _rows.widen(_placement.to_device_memory(rows))
-        return launch.add_fused(
-            x2d, raw, updates2d, mode=cfg.mode, combine_duplicates=not cfg.unique,
-            acc_dtype=acc, **atomic,
-        )
-    rows = _normalized(x2d, rows, cfg)
-    src = None
-    check_bounds = cfg.mode != "promise_in_bounds"
-    if not cfg.unique and rows.shape[0] > 1:
-        if launch.add_sorted is not None and cfg.thresholds.add_runs_in_kernel:
-            # A stable order makes each row's entries one run; the kernel sums
-            # each run in entry order and masks the skip markers itself.
-            if not cfg.ascending:
-                rows, src = _stable_order(launch, rows, cfg.thresholds)
-            return launch.add_sorted(x2d, rows, src, updates2d, acc_dtype=acc, **atomic)
-        # One distinct row per kernel entry, summed on the device first; the
-        # skip markers it leaves behind must always be masked.
-        rows, updates2d = _combined(x2d, rows, updates2d, cfg, presorted=cfg.ascending)
-        check_bounds = True
-    elif (
-        cfg.thresholds.coalesce
-        and not cfg.ascending
-        and rows.shape[0] >= cfg.thresholds.sort_min_adds
-    ):
-        # Distinct rows: sort only for address locality.
-        rows, src = lax.sort((rows, lax.iota(jnp.int32, rows.shape[0])), num_keys=1)
-        if (not atomic and launch.add_sorted is not None
-                and x2d.shape[1] * x2d.dtype.itemsize >= _RUNS_MIN_ROW_BYTES
-                and cfg.thresholds.distinct_adds_by_runs):
-            # Sorted distinct rows are runs of one entry each; where the owners read their
-            # rows, the runs kernel was measured faster (tuning says where).
-            return launch.add_sorted(x2d, rows, src, updates2d, acc_dtype=acc, **atomic)
-    return launch.add(
-        x2d, rows, src, updates2d, acc_dtype=acc, check_bounds=check_bounds, **atomic
-    )
+_KERNEL_WRITES = {
+    "set": _kernel_set,
+    "add": _kernel_add,
+    "min": _kernel_combine,
+    "max": _kernel_combine,
+    "mul": _kernel_combine,
+}
 
 
 def updates_2d(x_dtype, updates, result_shape: tuple[int, ...], width: int):

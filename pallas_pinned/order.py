@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_pinned import _holder, _index_lists, _placement, _rows, _validation, tuning
+from pallas_pinned import _index_lists, _placement, _rows, _validation
 
 __all__ = ["sort_indices"]
 
@@ -35,14 +35,10 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
     add sums each row's run of a stable order (more than the smaller of
     ``tuning.current().fused_max_unpromised_adds`` and ``fused_max_adds``
     entries, on the kernels); up to that the kernels' one-launch add groups its
-    sums by position, so the last bits of a row with repeated ids may differ. Up to
-    ``tuning.current().runs_rank_max`` entries the order is counted as ranks
-    (an ``n x n`` comparison XLA fuses), beyond by XLA's stable sort: the add's
-    own way where it orders with XLA (the Pallas add orders up to
-    ``order_kernel_max`` entries in one kernel launch instead). On the H200
-    (2026-12-03 20:33 UTC, ``benchmarks.sparse_training``, 4096 Zipf ids a
-    step) the sparse client's step took 57.0 us this way against 68.6 us
-    (``ours_sorted`` against ``ours``).
+    sums by position, so the last bits of a row with repeated ids may differ. The
+    order is XLA's stable sort (the Pallas add orders up to ``order_kernel_max``
+    entries in one kernel launch instead, with the same result). docs/PERFORMANCE.md
+    gives what it saves in the sparse-training client (``ours_sorted`` against ``ours``).
 
     Args:
       indices: a 1-D integer array (or list) of row indices (axis 0) of a buffer with
@@ -100,14 +96,16 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
         # As the ops narrow host indices: saturating, so that a value past the index
         # type stays out of range (jax would truncate it onto a real row).
         indices = _rows.widen(_rows.without_sub_byte(indices))
-    ordered = _sort(indices, int(num_rows), mode, tuning.current().runs_rank_max)
-    return _holder.hold_until_computed(ordered, indices)  # Indices may be pinned.
+    ordered = _sort(indices, int(num_rows), mode)
+    if not _placement.is_concrete(indices):
+        return ordered
+    return _placement.wait_for_result(ordered)  # Pinned indices must outlive their read.
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _sort(indices, num_rows: int, mode: str | None, rank_max: int):
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _sort(indices, num_rows: int, mode: str | None):
     # Index arrays may live in host memory; the ordering runs on the device, over
     # every entry (sharded over a mesh, they are gathered).
     indices = _placement.gathered(_placement.to_device_memory(indices))
     rows = _rows.normalize_rows(indices, num_rows, mode)
-    return _rows.stable_order(rows, small_max=rank_max)
+    return _rows.stable_order(rows)

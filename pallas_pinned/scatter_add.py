@@ -43,7 +43,7 @@ def scatter_add_to_host(
         as for :func:`scatter_to_host` (``unique_indices`` is ignored with
         ``"clip"``, which can make positions repeat). With rows known distinct,
         ``auto`` may run XLA's own add for a float32 host buffer, where the
-        backend table measured it faster (on the H200, up to 64 and 257 to 16384 rows; rows
+        backend table measured it faster (``backend_table.json`` says where; rows
         that repeat made it tenfold slower in a real training step, so it needs
         the promise). A false promise gives unspecified values in the repeated
         rows, as everywhere.

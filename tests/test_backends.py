@@ -25,8 +25,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 import pallas_pinned as pp
-from pallas_pinned import _registry, tuning
+from pallas_pinned import _registry
 from tests.helpers import why_no_triton_launch
+from tests.registry_support import on_cuda
 
 
 def _copy_kernel(x_ref, o_ref):
@@ -108,7 +109,7 @@ _ACCELERATED = textwrap.dedent(
     from jax._src import deprecations
     deprecations.accelerate("jax-pallas-triton")  # Upstream's "now an error".
     import pallas_pinned as pp
-    from pallas_pinned import _registry
+    from tests.registry_support import auto_kernel_family
     dev = jax.devices()[0]
     host = jax.sharding.make_single_device_sharding(dev, memory_kind="pinned_host")
     rng = np.random.default_rng(0)
@@ -124,8 +125,8 @@ _ACCELERATED = textwrap.dedent(
     expected[[9, 5, 63]] = upd[[1, 2, 3]]
     np.add.at(expected, idx, upd)
     print(json.dumps({
-        "usable": _registry.pallas_triton_usable(),
-        "auto": _registry._auto_kernel("set", "float32", 4096),
+        "usable": pp._registry.pallas_triton_usable(),
+        "auto": auto_kernel_family(),
         "platform": jax.default_backend(),
         "kind": out.sharding.memory_kind,
         "buffer_ok": bool(np.allclose(np.asarray(out), expected, rtol=1e-6)),
@@ -151,9 +152,10 @@ def test_auto_survives_an_accelerated_deprecation():
     else:
         assert report["auto"] in (None, "triton"), report
     if report["auto"] is None:
-        # Said once, with what to install.
+        # Said once, with what to install, where the kernels would run (on CUDA); off CUDA
+        # auto runs XLA whatever is installed, and says nothing.
         said = [w for w in report["warnings"] if "pip install -e \".[triton]\"" in w]
-        assert len(said) == 1, report
+        assert len(said) == (1 if report["platform"] == "gpu" else 0), report
 
 
 @pytest.mark.gpu
@@ -220,24 +222,22 @@ def test_auto_follows_a_table_that_says_triton(monkeypatch):
         "size_classes": [4096, 65536],
         "choices": {"set": {"float32": {"4096": {"backend": "triton"}}}},
     }
-    monkeypatch.setattr(_registry, "_table", lambda: table)
-    monkeypatch.setattr(_registry, "pallas_triton_usable", lambda: True)
+    chosen = on_cuda(monkeypatch, table)
     host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x = jax.device_put(jnp.zeros((8, 2)), host)
     monkeypatch.setattr(_registry, "raw_triton_usable", lambda: True)
-    assert _registry.choose("set", "rows", x, 4, "auto") == "triton"
-    assert _registry.choose("add", "rows", x, 4, "auto") == "pallas"  # The table says nothing.
-    assert _registry.choose("set", "rows", x, 5000, "auto") == "pallas"  # Nothing measured.
-    # A block of a host buffer: kernel rows unless the block copy is switched on.
-    assert _registry.choose("set", "block", x, 4, "auto") == "triton"
-    assert _registry.choose("set", "block", x, 4, "auto", block_copy=True) == "block"
-    assert _registry.choose("set", "block", jnp.zeros((8, 2)), 4, "auto") == "block"
-    assert _registry.choose("set", "rows", jnp.zeros((8, 2)), 4, "auto") == "xla"  # Device memory.
+    assert chosen("set", x, 4) == "triton"
+    assert chosen("add", x, 4) == "pallas"  # The table says nothing.
+    assert chosen("set", x, 5000) == "pallas"  # Nothing measured.
+    # A block of a host buffer: kernel rows unless the call is one copy (WriteCall.one_copy).
+    assert chosen("set", x, 4, kind="block") == "triton"
+    assert chosen("set", jnp.zeros((8, 2)), 4, kind="block") == "block"
+    assert chosen("set", jnp.zeros((8, 2)), 4) == "xla"  # Device memory.
     monkeypatch.setattr(_registry, "raw_triton_usable", lambda: False)
-    assert _registry.choose("set", "rows", x, 4, "auto") == "pallas"
+    assert chosen("set", x, 4) == "pallas"
 
 
-def test_auto_follows_the_table_the_environment_names(backend_table, tmp_path):
+def test_auto_follows_the_table_the_environment_names(backend_table, tmp_path, monkeypatch):
     # $PALLAS_PINNED_BACKEND_TABLE: a table written by choose_backends from a run on
     # the user's own machine replaces the shipped one; a file that is not one is
     # refused naming the variable and the fix.
@@ -255,7 +255,9 @@ def test_auto_follows_the_table_the_environment_names(backend_table, tmp_path):
     backend_table(tmp_path / "missing.json")
     with pytest.raises(ValueError, match="not a readable backend table"):
         _registry.measured_choice("set", "float32", 5)
-    # Refused before anything runs: the donated buffer is alive and unchanged.
+    # Refused before anything runs: the donated buffer is alive and unchanged. (Off CUDA auto
+    # runs XLA and reads no table: here it is asked as on a CUDA GPU.)
+    on_cuda(monkeypatch)
     host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x0 = np.random.default_rng(2).standard_normal((8, 3)).astype(np.float32)
     x = jax.device_put(x0, host)
@@ -284,7 +286,7 @@ _BLOCKED = textwrap.dedent(
     sys.meta_path.insert(0, Refuse())
     import jax, jax.numpy as jnp, numpy as np
     import pallas_pinned as pp
-    from pallas_pinned import _registry
+    from tests.registry_support import auto_kernel_family
     dev = jax.devices()[0]
     host = jax.sharding.make_single_device_sharding(dev, memory_kind="pinned_host")
     x0 = np.arange(24, dtype=np.float32).reshape(8, 3)
@@ -306,7 +308,7 @@ _BLOCKED = textwrap.dedent(
     expected = x0.copy(); expected[[1, 6, 0, 5]] = 1.0; expected[2] += 2.0
     report["ok"] = bool((np.asarray(x) == expected).all()) and bool(
         (np.asarray(got) == expected[[6, 1]]).all())
-    report["auto"] = _registry._auto_kernel("set", "float32", 4096)
+    report["auto"] = auto_kernel_family()
     report["warnings"] = [str(w.message) for w in caught if w.category is RuntimeWarning]
     report["pallas_loaded"] = any(m.startswith("jax.experimental.pallas.tr") for m in sys.modules)
     print(json.dumps(report))
@@ -346,15 +348,15 @@ def test_gpu_without_pallas_triton_auto_runs_raw_triton():
     assert report["ok"] and report["auto"] == "triton", report
 
 
-def test_auto_copies_small_strided_blocks_and_writes_contiguous_ones_as_rows(monkeypatch):
-    # A strided block set (a KV cache's slot) of fewer than tuning.block_rows_from rows is
-    # one copy, rows from there on; a contiguous block is rows at every size (measured faster).
+def test_auto_copies_strided_blocks_and_writes_contiguous_ones_as_rows(monkeypatch):
+    # A strided block set (a KV cache's slot) that needs no run-time check is one copy; a
+    # contiguous block of a host buffer is rows at every size (measured faster).
     seen = []
     real_choose = _registry.choose
 
-    def spy(op, plan_kind, x, num_entries, backend, **kwargs):
-        chosen = real_choose(op, plan_kind, x, num_entries, backend, **kwargs)
-        seen.append((num_entries, chosen == "block"))
+    def spy(call, x):
+        chosen = real_choose(call, x)
+        seen.append((call.plan.num_entries, chosen.block))
         return chosen
 
     monkeypatch.setattr(_registry, "choose", spy)
@@ -362,23 +364,20 @@ def test_auto_copies_small_strided_blocks_and_writes_contiguous_ones_as_rows(mon
     flat = np.arange(4099 * 3, dtype=np.float32).reshape(4099, 3)  # No other test's shapes.
     layered = np.arange(64 * 7 * 3, dtype=np.float32).reshape(64, 7, 3)
     cases = (
-        (flat, lambda x: pp.at(x)[jax.ds(7, 64)], lambda x: x.at[jax.ds(7, 64)], None),
-        (flat, lambda x: pp.at(x)[jax.ds(7, 1024)], lambda x: x.at[jax.ds(7, 1024)], 2048),
-        (flat, lambda x: pp.at(x)[5, 1:3], lambda x: x.at[5, 1:3], None),
-        (layered, lambda x: pp.at(x)[:, 4], lambda x: x.at[:, 4], None),
-        (layered, lambda x: pp.at(x)[:, 4], lambda x: x.at[:, 4], 64),
+        (flat, lambda x: pp.at(x)[jax.ds(7, 64)], lambda x: x.at[jax.ds(7, 64)]),
+        (flat, lambda x: pp.at(x)[jax.ds(7, 1024)], lambda x: x.at[jax.ds(7, 1024)]),
+        (flat, lambda x: pp.at(x)[5, 1:3], lambda x: x.at[5, 1:3]),
+        (layered, lambda x: pp.at(x)[:, 4], lambda x: x.at[:, 4]),
     )
-    for x0, ours, theirs, limit in cases:
+    for x0, ours, theirs in cases:
         for jitted in (False, True):
-            with tuning.override(**({} if limit is None else {"block_rows_from": limit})):
-                def write(x, ours=ours):
-                    return ours(x).set(-1.0, mode="clip")
+            def write(x, ours=ours):
+                return ours(x).set(-1.0, mode="clip")
 
-                run = jax.jit(write, donate_argnums=0) if jitted else write
-                out = run(jax.device_put(x0, host))
+            run = jax.jit(write, donate_argnums=0) if jitted else write
+            out = run(jax.device_put(x0, host))
             expected = theirs(jnp.asarray(x0)).set(-1.0, mode="clip")
             np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
     # The jitted call reuses the op traced by the eager one where the index has no int; an
     # eager int in range is passed as a value (_front._positions_as_values), a second trace.
-    assert seen == [(64, False), (1024, False), (2, False), (2, False), (64, True), (64, True),
-                    (64, False), (64, False)]
+    assert seen == [(64, False), (1024, False), (2, False), (2, False), (64, True), (64, True)]

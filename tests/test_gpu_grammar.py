@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from pallas_pinned import tuning
 from tests.helpers import PALLAS, TRITON, has_gpu
 
 # Where a GPU is seen the whole module is the GPU suite's (-m gpu), as it always
@@ -82,11 +81,12 @@ def test_every_form_and_method_matches_jnp(form, backend):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(expected), err_msg=str(mode))
 
 
-@pytest.mark.parametrize("block_copy", [True, False])
+@pytest.mark.parametrize("backend", ["xla", "auto"])
 @pytest.mark.parametrize("mode", [None, "clip", "promise_in_bounds", "wrap"])
-def test_traced_block_in_a_scan_matches_jnp(mode, block_copy):
+def test_traced_block_in_a_scan_matches_jnp(mode, backend):
     # A ring insert at a moving position inside lax.scan, as activation
-    # offload and replay buffers write it; with the block copy and as rows.
+    # offload and replay buffers write it; with the block copy (backend="xla" takes it
+    # for a block) and as rows (auto, for a contiguous block of a host buffer).
     rows, n, steps = 64, 24, 9
     x0 = np.arange(rows * 8, dtype=np.float32).reshape(rows, 8)
     ys = np.arange(steps * n * 8, dtype=np.float32).reshape(steps, n, 8) + 1000
@@ -102,16 +102,15 @@ def test_traced_block_in_a_scan_matches_jnp(mode, block_copy):
         return step
 
     def ours(x, start, y):
-        return pp.at(x)[jax.ds(start, n)].set(y, mode=mode)
+        return pp.at(x)[jax.ds(start, n)].set(y, mode=mode, backend=backend)
 
     def theirs(x, start, y):
         if mode == "wrap":
             return x.at[(start + jnp.arange(n)) % rows].set(y)
         return x.at[jax.ds(start, n)].set(y, mode=mode)
 
-    with tuning.override(block_copy=block_copy):
-        run = jax.jit(lambda x: jax.lax.scan(body(ours), x, (starts, ys))[0], donate_argnums=0)
-        got = run(_host(x0))
+    run = jax.jit(lambda x: jax.lax.scan(body(ours), x, (starts, ys))[0], donate_argnums=0)
+    got = run(_host(x0))
     expected = jax.lax.scan(body(theirs), _oracle(x0), (starts, ys))[0]
     assert got.sharding.memory_kind == "pinned_host"
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))

@@ -292,9 +292,9 @@ def test_an_eager_int_takes_the_path_its_static_int_takes(monkeypatch, mode):
     seen = []
     real_choose = _registry.choose
 
-    def spy(op, plan_kind, x, num_entries, backend, **kwargs):
-        chosen = real_choose(op, plan_kind, x, num_entries, backend, **kwargs)
-        seen.append((op, chosen))
+    def spy(call, x):
+        chosen = real_choose(call, x)
+        seen.append((call.op, chosen.name))
         return chosen
 
     monkeypatch.setattr(_registry, "choose", spy)

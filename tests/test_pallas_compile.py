@@ -44,8 +44,7 @@ def _kernels():
         "stable_order": (lambda x, r: op.stable_order(r), rows),  # the chunk loop
         "stable_order_one_chunk": (lambda x, r: op.stable_order(r), S((1024,), jnp.int32)),
     }
-    owner_writes = {"": {}, "_atomic": {"atomic_write": True},
-                    "_relaxed": {"atomic_write": True, "relaxed_atomics": True}}
+    owner_writes = {"": {}, "_atomic": {"atomic_write": True}}
     for suffix, kw in owner_writes.items():
         cases[f"add_rows{suffix}"] = (
             lambda x, r, u, kw=kw: ap.scatter_add_rows(x, r, None, u, **kw), rows, updates,
@@ -102,49 +101,14 @@ def test_owner_write_instructions(name):
     ptx = _ptx(name)
     atomics = _instructions(ptx, r"(atom|red)\.global")
     stores = _instructions(ptx, r"st\.global")
-    if name.endswith(("_atomic", "_relaxed")):
+    if name.endswith("_atomic"):
         # 16-byte float32 atomics (one choice per row keeps them whole), and
         # the store that writes the rows the atomic would flush.
         assert atomics and all(".add.v4.f32" in a for a in atomics), atomics
         assert stores, "no store for the rows the atomic leaves out"
-        semantic = ".relaxed." if name.endswith("_relaxed") else ".acq_rel."
-        assert all(semantic in a for a in atomics), atomics
+        assert all(".acq_rel." in a for a in atomics), atomics
     else:
         assert not atomics, atomics
         assert stores and all(".v4." in s for s in stores), stores
 
 
-@pytest.mark.parametrize("name", ["add_rows_atomic", "add_rows_relaxed"])
-def test_relaxed_atomics_drop_the_barriers(name):
-    # What tuning.relaxed_atomics is for: acquire-release puts a MEMBAR.ALL.GPU
-    # before each atomic and waits for its old value (ATOMG); relaxed, the
-    # atomic is a reduction with nothing to wait for (REDG), as XLA's.
-    from tests.pallas_aot import sass
-
-    code = sass(_compile(name))
-    if name.endswith("_relaxed"):
-        assert "REDG.E.ADD.F32x4" in code and "MEMBAR" not in code and "ATOMG" not in code
-    else:
-        assert "ATOMG.E.ADD.F32x4" in code and "MEMBAR.ALL.GPU" in code
-
-
-def test_other_pallas_calls_keep_acquire_release_atomics():
-    # The relaxed lowering is scoped to the calls that ask for it: a user's
-    # own Pallas atomic, lowered after ours in the same process, is unchanged.
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
-    from tests.pallas_aot import compile_module, triton_modules
-
-    _compile("add_rows_relaxed")  # Ours first, so the relaxed hook is installed.
-
-    def kernel(y_ref, x_ref, o_ref):
-        plgpu.atomic_add(o_ref, (jnp.arange(8)[:, None], jnp.arange(128)[None, :]), y_ref[...])
-
-    def user_call(y, x):
-        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                              input_output_aliases={1: 0})(y, x)
-
-    [module] = triton_modules(user_call, S((8, 128), jnp.float32), S((64, 128), jnp.float32))
-    atomics = _instructions(compile_module(module).asm["ptx"], r"(atom|red)\.global")
-    assert atomics and all(".acq_rel." in a for a in atomics), atomics

@@ -1,10 +1,11 @@
 """Every internal path of an op gives the same bits (the thresholds only choose speed).
 
 ``tuning.override`` forces each path in turn: the one-launch scatter for small
-batches (normalization and de-duplication inside the kernel), the ``n x n``
-de-duplication, the sort; for add, duplicates ordered by rank counting or by a
-sort. Fresh random data with duplicates and out-of-range indices, buffers
-poisoned with random values so that unwritten rows show.
+batches (normalization and de-duplication inside the kernel), the sort then the row
+kernel; for add, the stable order by the order kernel or by XLA's sort, and distinct
+rows by the sorted-runs kernel or the plain add kernel. Fresh random data with
+duplicates and out-of-range indices, buffers poisoned with random values so that
+unwritten rows show.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from pallas_pinned import _rows, tuning
 from pallas_pinned.testing import assert_same, scatter_add_oracle, scatter_oracle
 
 KERNEL_BACKENDS = ["interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
+NEVER = 2**62  # A threshold no batch reaches.
 
 SET_PATHS = {
-    "fused": dict(fused_max_updates=10**9),
-    "pairwise": dict(fused_max_updates=0, small_dedupe_max=10**9),
-    "sorted": dict(fused_max_updates=0, small_dedupe_max=0, sort_min_updates=0),
-    "unsorted_unique": dict(fused_max_updates=0, sort_min_updates=10**9),
+    "fused": dict(fused_max_updates=NEVER),
+    "sorted": dict(fused_max_updates=0, sort_from=0),
+    "unsorted_unique": dict(fused_max_updates=0, sort_from=NEVER),
 }
 
 
@@ -63,74 +64,29 @@ def test_set_paths_agree_with_the_oracle(request, backend, path, mode, n, width)
     assert_same(np.asarray(out), scatter_oracle(x0, idx, upd, mode))
 
 
-# The unfused add's two ways of putting duplicates in a stable order (rank counting up to
-# the threshold, a sort beyond), on each of its paths (the one-launch add is off).
-ADD_ORDERS = {
-    "combined on the device": dict(add_runs_in_kernel=False, threshold="small_combine_max"),
-    "runs summed in the kernel": dict(add_runs_in_kernel=True, threshold="runs_rank_max"),
-}
-
-
-@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-@pytest.mark.parametrize("path", list(ADD_ORDERS))
-@pytest.mark.parametrize("n", [2, 33, 700])
-def test_add_rank_order_and_sort_order_give_the_same_bits(request, monkeypatch, backend, path, n):
-    rng = _rng(request)
-    x0 = rng.standard_normal((50, 4)).astype(np.float32)
-    idx = rng.integers(-60, 60, n).astype(np.int32)  # Many duplicates, some dropped.
-    upd = rng.standard_normal((n, 4)).astype(np.float32)
-    settings = dict(ADD_ORDERS[path])
-    threshold = settings.pop("threshold")
-    orders = []  # Per call: (threshold asked, whether the ranks were counted) per trace.
-    real_order = _rows.stable_order
-    monkeypatch.setattr(_rows, "stable_order", lambda rows, *, small_max: orders[-1].add(
-        (small_max, rows.shape[0] <= small_max)) or real_order(rows, small_max=small_max))
-    results = []
-    for small_max in (0, 10**9):
-        orders.append(set())
-        with tuning.override(fused_max_adds=0, order_kernel_max=0, **settings,
-                             **{threshold: small_max}):
-            out = pp.scatter_add_to_host(
-                _host(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend
-            )
-        results.append(np.asarray(out))
-    if n > 1:
-        # The path under test sorted, then counted ranks. On a GPU the kernel's call
-        # also traces the XLA branch of lax.platform_dependent, which orders by its
-        # own threshold (small_combine_max): its traces ask another one.
-        path_orders = [{counted for asked, counted in call if asked == small_max}
-                       for call, small_max in zip(orders, (0, 10**9), strict=True)]
-        assert path_orders == [{False}, {True}], orders
-    assert_same(results[0], results[1], what="rank order vs sort order")
-    expected = x0.copy()
-    keep = (idx >= -50) & (idx < 50)
-    np.add.at(expected, np.where(idx[keep] < 0, idx[keep] + 50, idx[keep]), upd[keep])
-    np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("n", [65, 700, 3000])
 def test_add_order_kernel_gives_xlas_order_bits(request, monkeypatch, backend, n):
     # The runs path's stable order formed by the Pallas kernel (one launch) or by XLA's
-    # ops: the same permutation, so the same sums. Many duplicates, negatives, dropped rows.
+    # sort: the same permutation, so the same sums. Many duplicates, negatives, dropped rows.
     rng = _rng(request)
     x0 = rng.standard_normal((50, 3)).astype(np.float32)
     idx = rng.integers(-60, 60, n).astype(np.int32)
     upd = rng.standard_normal((n, 3)).astype(np.float32)
     xla_orders = []
     real_order = _rows.stable_order
-    monkeypatch.setattr(_rows, "stable_order", lambda rows, *, small_max: xla_orders.append(
-        rows.shape[0]) or real_order(rows, small_max=small_max))
+    monkeypatch.setattr(_rows, "stable_order",
+                        lambda rows: xla_orders.append(rows.shape[0]) or real_order(rows))
     results = []
-    for kernel_max in (10**9, 0):
+    for kernel_max in (NEVER, 0):
         xla_orders.clear()
-        with tuning.override(fused_max_adds=0, order_kernel_max=kernel_max):
+        with tuning.override(fused_max_unpromised_adds=0, order_kernel_max=kernel_max):
             out = pp.scatter_add_to_host(
                 _host(x0), jnp.asarray(idx), jnp.asarray(upd), backend=backend
             )
         results.append(np.asarray(out))
         # On a GPU the call also traces the XLA branch of lax.platform_dependent, which
-        # orders with XLA's ops at its own threshold: only the kernel's arm is checked.
+        # orders with XLA's sort: only the kernel's arm is checked there.
         if kernel_max == 0:
             assert xla_orders, "order_kernel_max=0 must leave the order to XLA"
         elif backend == "interpret":
@@ -142,24 +98,16 @@ def test_add_order_kernel_gives_xlas_order_bits(request, monkeypatch, backend, n
     np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-5)
 
 
-# Distinct rows that ascend: sorted for locality (from sort_min_adds), or promised sorted.
-DISTINCT_ASCENDING = {
-    "sorted for locality": dict(sort_min_adds=0),
-    "promised sorted": dict(sort_min_adds=10**9),
-}
-
-
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-@pytest.mark.parametrize("order", sorted(DISTINCT_ASCENDING))
 @pytest.mark.parametrize("mode", [None, "fill", "promise_in_bounds"])
 @pytest.mark.parametrize(("dtype", "width", "atomic_from"),
-                         [(np.float32, 64, 10**9), (np.float32, 64, 0), (jnp.bfloat16, 128, 10**9),
-                          (np.float32, 3, 10**9)])
+                         [(np.float32, 64, NEVER), (np.float32, 64, 0), (jnp.bfloat16, 128, NEVER),
+                          (np.float32, 3, NEVER)])
 def test_distinct_adds_give_the_same_bits_by_runs_as_by_the_add_kernel(
-        request, backend, order, mode, dtype, width, atomic_from):
-    # tuning.distinct_adds_by_runs: the sorted-runs kernel (runs of one entry) or the plain
-    # add kernel. The runs kernel serves rows it sorted itself, of 256 B or more, without the
-    # atomic owner write; the jaxpr says which ran.
+        request, backend, mode, dtype, width, atomic_from):
+    # Distinct rows sorted for locality (from sort_from) are summed by the sorted-runs
+    # kernel, runs of one entry; below sort_from by the plain add kernel. The jaxpr says
+    # which ran; the bits are the same.
     rng = _rng(request)
     rows, n = 300, 150
     x0 = rng.standard_normal((rows, width)).astype(dtype)
@@ -167,23 +115,17 @@ def test_distinct_adds_give_the_same_bits_by_runs_as_by_the_add_kernel(
     idx[::3] -= rows  # Negatives name the same distinct rows.
     if mode != "promise_in_bounds":
         idx[1::7] = rows + 7 * np.arange(idx[1::7].size)  # Dropped, distinct too.
-    promised_sorted = order == "promised sorted"
-    if promised_sorted:
-        idx = idx[np.argsort(np.where(idx < 0, idx + rows, idx), kind="stable")]
     upd = rng.standard_normal((n, width)).astype(dtype)
-    runs_serve = (order == "sorted for locality" and atomic_from != 0
-                  and width * np.dtype(dtype).itemsize >= 256)
     results = []
-    for by_runs in (False, True):
+    for sort_from in (NEVER, 0):
         def add(x, i, u):  # A new function per arm: make_jaxpr caches by function.
             return pp.scatter_add_to_host(x, i, u, mode=mode, unique_indices=True,
-                                          indices_are_sorted=promised_sorted, backend=backend)
+                                          backend=backend)
 
-        with tuning.override(fused_max_adds=0, atomic_add_from=atomic_from,
-                             distinct_adds_by_runs=by_runs, **DISTINCT_ASCENDING[order]):
+        with tuning.override(fused_max_adds=0, atomic_add_from=atomic_from, sort_from=sort_from):
             args = (_host(x0), jnp.asarray(idx), jnp.asarray(upd))
             ran_runs = "scatter_add_sorted_runs" in str(jax.make_jaxpr(add)(*args))
-            assert ran_runs == (by_runs and runs_serve), f"distinct_adds_by_runs={by_runs}"
+            assert ran_runs == (sort_from == 0), f"sort_from={sort_from}"
             results.append(np.asarray(add(*args)))
     assert_same(results[0], results[1], what="runs kernel vs add kernel")
     assert_same(results[1], scatter_add_oracle(x0, idx, upd, "drop" if mode == "fill" else mode))
@@ -197,7 +139,7 @@ def test_fused_path_duplicate_search_spans_many_chunks(request):
     x0 = rng.standard_normal((rows, 2)).astype(np.float32)
     idx = rng.integers(0, rows, n).astype(np.int32)
     upd = rng.standard_normal((n, 2)).astype(np.float32)
-    with tuning.override(fused_max_updates=10**9):
+    with tuning.override(fused_max_updates=NEVER):
         out = pp.scatter_to_host(_host(x0), jnp.asarray(idx), jnp.asarray(upd), backend="interpret")
     assert_same(np.asarray(out), scatter_oracle(x0, idx, upd))
 

@@ -21,9 +21,9 @@ def _defaults_in_child(setting: str) -> subprocess.CompletedProcess:
 
 def test_override_is_scoped_and_validated():
     before = tuning.current()
-    with tuning.override(atomic_add_from=0, relaxed_atomics=True) as inside:
+    with tuning.override(atomic_add_from=0, sort_from=7) as inside:
         assert tuning.current() == inside
-        assert (inside.atomic_add_from, inside.relaxed_atomics) == (0, True)
+        assert (inside.atomic_add_from, inside.sort_from) == (0, 7)
     assert tuning.current() == before
     with pytest.raises(TypeError, match="no_such_threshold; the settings are .*order_kernel_max"):
         with tuning.override(no_such_threshold=1):
@@ -34,18 +34,32 @@ def test_override_is_scoped_and_validated():
 
 
 def test_environment_sets_the_process_defaults():
-    parsed = tuning._from_environment(" relaxed_atomics=TRUE, atomic_add_from=0,coalesce=0 ,")
-    assert parsed == tuning.Thresholds(relaxed_atomics=True, atomic_add_from=0, coalesce=False)
+    parsed = tuning._from_environment(" sort_from=12, atomic_add_from=0 ,")
+    assert parsed == tuning.Thresholds(sort_from=12, atomic_add_from=0)
     assert tuning._from_environment("") == tuning.Thresholds()
-    child = _defaults_in_child("relaxed_atomics=1,runs_rank_max=16")
+    child = _defaults_in_child("sort_from=1,order_kernel_max=16")
     assert child.returncode == 0, child.stderr[-2000:]
-    assert "relaxed_atomics=True" in child.stdout and "runs_rank_max=16" in child.stdout
+    assert "sort_from=1," in child.stdout and "order_kernel_max=16" in child.stdout
+
+
+def test_at_most_six_thresholds_each_citing_its_measurement():
+    import dataclasses
+    import pathlib
+
+    names = [field.name for field in dataclasses.fields(tuning.Thresholds)]
+    assert len(names) <= 6, names
+    source = pathlib.Path(tuning.__file__).read_text()
+    performance = (pathlib.Path(tuning.__file__).parents[1] / "docs" / "PERFORMANCE.md")
+    thresholds = performance.read_text().split("## Thresholds", 1)[1].split("\n## ", 1)[0]
+    for name in names:
+        comment = source.split(f"    {name}: int")[0].rsplit("\n\n", 1)[1]
+        assert "PERFORMANCE.md" in comment or "benchmarks/results/" in comment, name
+        assert f"`{name}`" in thresholds, f"docs/PERFORMANCE.md's Thresholds omit {name}"
 
 
 @pytest.mark.parametrize("setting, message", [
-    ("relaxed_atomic=true", "not name=value with a name of"),
+    ("sort_fro=1", "not name=value with a name of"),
     ("atomic_add_from", "not name=value with a name of"),
-    ("relaxed_atomics=yes", "takes true/false/1/0"),
     ("atomic_add_from=1k", "takes an int"),
     ("atomic_add_from=-5", "non-negative"),
     ("atomic_add_from=0,atomic_add_from=5", "given twice"),
@@ -57,9 +71,9 @@ def test_a_bad_environment_entry_names_the_variable(setting, message):
 
 
 def test_a_bad_environment_fails_the_import_clearly():
-    child = _defaults_in_child("relaxed_atomics=maybe")
+    child = _defaults_in_child("sort_from=maybe")
     assert child.returncode != 0
-    assert f"${tuning.ENV}: relaxed_atomics takes true/false/1/0" in child.stderr
+    assert f"${tuning.ENV}: sort_from takes an int" in child.stderr
 
 
 def test_an_override_holds_in_its_own_asyncio_task_and_thread():
@@ -72,7 +86,7 @@ def test_an_override_holds_in_its_own_asyncio_task_and_thread():
     seen = {}
 
     async def overriding(entered, done):
-        with tuning.override(block_rows_from=0):
+        with tuning.override(sort_from=0):
             seen["child task"] = await asyncio.create_task(_current())
             thread = threading.Thread(target=lambda: seen.update(thread=tuning.current()))
             thread.start()
@@ -94,7 +108,7 @@ def test_an_override_holds_in_its_own_asyncio_task_and_thread():
 
     asyncio.run(main())
     assert seen["other task"] == defaults and seen["thread"] == defaults
-    assert seen["child task"].block_rows_from == 0
+    assert seen["child task"].sort_from == 0
     assert tuning.current() == defaults
 
 
@@ -111,21 +125,21 @@ def test_a_users_jit_keeps_the_program_of_its_first_trace():
     pinned = jax.sharding.make_single_device_sharding(jax.devices("cpu")[0],
                                                       memory_kind="pinned_host")
     x = jax.device_put(np.zeros((16, 4), np.float32), pinned)
-    u = jnp.ones((16,), jnp.float32)
+    i, u = jnp.array([3, 1]), jnp.ones((2, 4), jnp.float32)
 
-    def write(x, u):
-        return pp.at(x)[:, 1].set(u)  # A strided block: one copy below block_rows_from rows.
+    def write(x, i, u):
+        return pp.scatter_to_host(x, i, u, backend="interpret")  # Two entries: one launch.
 
     def path(jitted):
-        text = jitted.lower(x, u).as_text()
-        return "scatter" if "scatter" in text else "copy"
+        text = str(jitted.trace(x, i, u).jaxpr)
+        return "fused" if "scatter_rows_fused" in text else "rows"
 
     users = jax.jit(write)
-    assert path(users) == "copy"
-    with tuning.override(block_rows_from=0):  # Blocks as rows.
-        assert path(users) == "copy"
-        assert path(jax.jit(write)) == "copy"  # The same function: the same trace.
-        assert path(jax.jit(lambda x, u: write(x, u))) == "scatter"
+    assert path(users) == "fused"
+    with tuning.override(fused_max_updates=0):  # Past the one launch.
+        assert path(users) == "fused"
+        assert path(jax.jit(write)) == "fused"  # The same function: the same trace.
+        assert path(jax.jit(lambda x, i, u: write(x, i, u))) == "rows"
 
 
 def test_an_override_left_in_another_context_restores_the_settings():
@@ -134,7 +148,7 @@ def test_an_override_left_in_another_context_restores_the_settings():
     import contextvars
 
     before = tuning.current()
-    block = tuning.override(block_rows_from=0)
+    block = tuning.override(sort_from=0)
     block.__enter__()
     elsewhere = contextvars.copy_context()
     elsewhere.run(block.__exit__, None, None, None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import json
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,8 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from pallas_pinned import _registry, _write_rows, tuning
+from pallas_pinned import _backend_table, _registry, _write_rows, tuning
+from tests.registry_support import on_cuda
 
 
 def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch):
@@ -34,8 +36,7 @@ def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch
             "add": {"float32": {"16": {"backend": "xla"}}},
         },
     }
-    monkeypatch.setattr(_registry, "_table", lambda: table)
-    monkeypatch.setattr(_registry, "xla_host_path_trusted", lambda: True)
+    chosen = on_cuda(monkeypatch, table)
     assert _registry.measured_choice("set", "float32", 3) == "xla"
     assert _registry.measured_choice("set", "float32", 17) == "pallas"
     assert _registry.measured_choice("set", "float32", 10**6) == "pallas"  # Beyond: the last.
@@ -44,33 +45,30 @@ def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch
     host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x0 = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)
     on_host = jax.device_put(x0, host)
-    assert _registry.choose("set", "axis0", on_host, 5, "auto") == "xla_native"
+    assert chosen("set", on_host, 5) == "xla_native"
+    assert chosen("set", on_host, 17) == "pallas"
     # Add takes it where XLA sums in our accumulator's dtype (float32, not bfloat16);
     # min, max and mul follow add's entries but have no XLA formulation.
-    assert _registry.choose("add", "axis0", on_host, 5, "auto") == "xla_native"
+    assert chosen("add", on_host, 5) == "xla_native"
     table["choices"]["add"]["bfloat16"] = {"16": {"backend": "xla"}}
     assert _registry.measured_choice("add", "bfloat16", 3) == "xla"
     on_host_bf16 = jax.device_put(x0.astype(jnp.bfloat16), host)
-    assert _registry.choose("add", "axis0", on_host_bf16, 5, "auto") == "pallas"
+    assert chosen("add", on_host_bf16, 5) == "pallas"
     for op in ("min", "max", "mul"):
-        assert _registry.choose(op, "axis0", on_host, 5, "auto") == "pallas", op
+        assert chosen(op, on_host, 5) == "pallas", op
     # XLA's own formulation (run on CUDA; called directly here): the last duplicate wins
-    # whatever order XLA applies them in (it drops every superseded one first), in each
-    # mode, on both de-duplication paths (the fused n x n one and the sort).
+    # whatever order XLA applies them in (it drops every superseded one first), in each mode.
     from pallas_pinned.testing import scatter_add_oracle, scatter_oracle
 
     idx = np.array([1, 1, 1, -1, 9, 2, 1], np.int32)  # duplicates, negative, outside
     upd = np.random.default_rng(1).standard_normal((7, 3)).astype(np.float32) * 1e3
-    for small_max in (1024, 2):
-        for mode in (None, "clip"):
-            cfg = _write_rows.RowWrite(
-                "set", mode, False, False, tuning.Thresholds(small_combine_max=small_max)
-            )
-            want = scatter_oracle(x0, idx, upd, mode)
-            native = functools.partial(_write_rows._xla_native, cfg=cfg)
-            for run in (native, jax.jit(native)):  # eagerly and under jit
-                got = run(jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd))
-                assert np.asarray(got).tobytes() == want.tobytes(), (small_max, mode, run)
+    for mode in (None, "clip"):
+        cfg = _write_rows.RowWrite("set", mode, False, False, tuning.current())
+        want = scatter_oracle(x0, idx, upd, mode)
+        native = functools.partial(_write_rows._xla_native, cfg=cfg)
+        for run in (native, jax.jit(native)):  # eagerly and under jit
+            got = run(jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd))
+            assert np.asarray(got).tobytes() == want.tobytes(), (mode, run)
     # Add: jnp's sums (duplicates summed, negatives wrapped, outside dropped or clipped;
     # "wrap" is resolved before the row path).
     for mode in (None, "clip"):
@@ -80,11 +78,6 @@ def test_auto_runs_xla_s_own_path_where_the_table_measured_it_faster(monkeypatch
         for run in (native, jax.jit(native)):
             got = run(jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd))
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, err_msg=str(mode))
-    with pytest.raises(AssertionError, match="set and add only"):
-        _write_rows._xla_native(
-            jax.device_put(x0, host), jnp.asarray(idx), jnp.asarray(upd),
-            _write_rows.RowWrite("max", None, False, False, tuning.current()),
-        )
 
 
 def test_auto_gives_add_s_xla_path_to_rows_known_distinct_only(monkeypatch):
@@ -93,9 +86,7 @@ def test_auto_gives_add_s_xla_path_to_rows_known_distinct_only(monkeypatch):
     # distinct: promised unique_indices, or an index form that cannot repeat a row.
     table = {"size_classes": [16], "choices": {"add": {"float32": {
         "16": {"backend": "pallas", "distinct_backend": "xla"}}}}}
-    monkeypatch.setattr(_registry, "_table", lambda: table)
-    monkeypatch.setattr(_registry, "xla_host_path_trusted", lambda: True)
-    monkeypatch.setattr(_registry, "pallas_triton_usable", lambda: True)
+    chosen = on_cuda(monkeypatch, table)
     assert _registry.measured_choice("add", "float32", 3) == "pallas"
     assert _registry.measured_choice("add", "float32", 3, distinct=True) == "xla"
     # Beyond the measured classes XLA's path is unmeasured: the kernel serves.
@@ -104,23 +95,25 @@ def test_auto_gives_add_s_xla_path_to_rows_known_distinct_only(monkeypatch):
     host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     x0 = np.random.default_rng(3).standard_normal((13, 5)).astype(np.float32)
     on_host = jax.device_put(x0, host)
-    assert _registry.choose("add", "axis0", on_host, 5, "auto") == "pallas"
-    assert _registry.choose("add", "axis0", on_host, 5, "auto", distinct=True) == "xla_native"
-    assert _registry.choose("max", "axis0", on_host, 5, "auto", distinct=True) == "pallas"
-    # The public call hands its promise to the choice. "clip" may map distinct indices
-    # onto one edge row, so there a promise of unique indices says nothing of the rows.
+    assert chosen("add", on_host, 5) == "pallas"
+    assert chosen("add", on_host, 5, distinct=True) == "xla_native"
+    assert chosen("max", on_host, 5, distinct=True) == "pallas"
+
+    # The public call hands its promise to the choice. "clip" and "wrap" may map distinct
+    # indices onto one row, so there a promise of unique indices says nothing of the rows.
     seen, real = [], _registry.choose
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs["distinct"])
-        return real(*args, **kwargs)
+    def spy(call, x):
+        seen.append(call.unique)
+        return real(call, x)
 
     monkeypatch.setattr(_registry, "choose", spy)
     idx, upd = jnp.array([1, 4], jnp.int32), jnp.ones((2, 5), jnp.float32)
     want = x0.copy()
     want[[1, 4]] += 1
     for kwargs, distinct in (({}, False), ({"unique_indices": True}, True),
-                             ({"unique_indices": True, "mode": "clip"}, False)):
+                             ({"unique_indices": True, "mode": "clip"}, False),
+                             ({"unique_indices": True, "mode": "wrap"}, False)):
         seen.clear()
         got = pp.scatter_add_to_host(jax.device_put(x0, host), idx, upd, **kwargs)
         assert seen == [distinct], kwargs
@@ -208,21 +201,33 @@ def test_gpu_auto_adds_promised_distinct_rows_on_xla_s_path_up_to_the_last_class
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=str(promised))
 
 
-def test_xla_s_own_path_is_trusted_only_on_the_measured_release(monkeypatch):
-    # XLA's handling of dynamic indices into host memory changes between
-    # releases (older ones abort): the table's xla entries count only on the
-    # release they were measured on, and never with host compute disabled.
-    def trusted(measured_jax, flags=""):
-        monkeypatch.setattr(_registry, "_table", lambda: {"measured": {"jax": measured_jax}})
+def test_xla_s_own_path_is_trusted_only_on_the_measured_gpu_and_release(monkeypatch):
+    # XLA's handling of dynamic indices into host memory changes between releases (older
+    # ones abort), and its speed against the kernels between GPUs: the table's xla entries
+    # count only on the GPU model and release they were measured on, never with host
+    # compute disabled. Elsewhere one warning says the kernels serve.
+
+    here = jax.devices()[0].device_kind
+
+    def trusted(measured_jax, flags="", gpu=here):
+        monkeypatch.setattr(_backend_table, "_table",
+                            lambda: {"measured": {"jax": measured_jax, "gpu_name": gpu}})
         monkeypatch.setenv("XLA_FLAGS", flags)
-        _registry.xla_host_path_trusted.cache_clear()
+        _backend_table.xla_host_path_trusted.cache_clear()
         try:
-            return _registry.xla_host_path_trusted()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                answer = _backend_table.xla_host_path_trusted()
+            said = [str(w.message) for w in caught if "backend table" in str(w.message)]
+            assert len(said) == (0 if answer or flags.endswith("offload") or "=true" in flags
+                                 else 1), said
+            return answer
         finally:
-            _registry.xla_host_path_trusted.cache_clear()
+            _backend_table.xla_host_path_trusted.cache_clear()
 
     assert trusted(jax.__version__)
     assert not trusted("0.4.30")
+    assert not trusted(jax.__version__, gpu="NVIDIA A100-SXM4-80GB")
     assert not trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload=true")
     assert not trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload")
     assert trusted(jax.__version__, "--xla_disable_automatic_host_compute_offload=false")
