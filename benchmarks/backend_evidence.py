@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-# Repeated runs of one case spread by a few percent (benchmarks/results/loop_h200.json,
+# Repeated runs of one case spread by a few percent (benchmarks/results/loop_quick_graphs_h200.json,
 # min/max per record): a smaller difference is not a measurement of which is faster.
 NOISE = 0.05
 

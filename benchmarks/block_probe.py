@@ -1,4 +1,4 @@
-"""Contiguous blocks in a loop: the block copy against kernel rows and XLA's own copy.
+"""Contiguous blocks in a loop: our block write and read against XLA's own copy.
 
     python -m benchmarks.block_probe [--quick] [--rows 64,256,1024] [--row-bytes 1024]
         [--dtype bfloat16] [--xla-option NAME=VALUE] [--out DIR]
@@ -11,50 +11,17 @@ the same run:
   device_put(y, Space.Host), (pos, 0))`` (the write) or ``dynamic_slice``
   then ``device_put`` to device (the read);
 * ``ours_promise``: ``at(x)[jax.ds(pos, n)].set(y, mode="promise_in_bounds")``,
-  what ``auto`` runs (since session 23 rows, known distinct: the kernel's or
-  XLA's own scatter, as the backend table picks; before, the block copy);
-* ``ours_copy``: the same with ``tuning.override(block_copy=True)``: our block
-  copy, no validity check;
-* ``ours_drop``: the same with jnp's default mode and
-  ``tuning.override(block_copy=True)``: the block is read back and kept
-  unchanged where it does not fit (one more copy of the block);
-* ``ours_rows``: ``backend="pallas"``: the block as kernel rows (what ``auto``
-  runs for the default mode);
+  what ``auto`` runs: a contiguous block of a host buffer is rows, known distinct
+  and ascending (the kernel's, or XLA's own scatter where the backend table picks it);
+* ``ours_rows``: ``backend="pallas"``: the block as kernel rows;
 * ``ours_wrap``: ``mode="wrap"``, a ring insert (kernel rows);
-* reads: ``xla_ds``, ``ours_get`` (block copy, what ``auto`` runs),
+* reads: ``xla_ds``, ``ours_get`` (the block copy, what ``auto`` runs),
   ``ours_get_rows`` (``backend="pallas"``).
 
-Prediction (written before the first run): the block copy costs what
-``xla_dus`` costs (same HLO, same DMA) and ``ours_drop`` one more block read;
-kernel rows cost what the loop benchmark's set costs for the same rows
-(18-28 µs at 64-1024 x 1 KiB on the H200, against 8.8 µs for XLA's copy).
 Every variant's final buffer is checked against the ``xla_dus`` one, and every
 reader's rows, step by step, against the block at each position (bit for bit, in
-an untimed run; the timed one sums each step's rows, as the committed runs did).
-
-Outcome of the first run (H200, 2026-12-03 09:17 UTC; its results file has
-since been replaced by the run below): the prediction was wrong twice.
-Kernel rows matched XLA's copy (7.9 / 30.2 / 96.1 against 8.0 / 29.3 / 90.9
-µs for 64 x 1 KiB, 1024 x 1 KiB, 16384 x 256 B: the block plan's rows are
-known distinct and ascending, so the write is one launch with no
-de-duplication), while our block copy took 12.2 / 53.0 / 177 µs, about one
-more transfer of the block than XLA's own formulation, and the read-back of
-the default mode added nothing measurable. So ``auto`` wrote blocks of a
-host buffer as kernel rows.
-
-Why (found on CPU afterwards, by reading the lowered HLO): ``ours_promise``
-checked its start too (the promise counted as a dropping mode), so it read
-the block back exactly as ``ours_drop`` does: both measured the copy with the
-read-back. A promised block is now clamped, as ``dynamic_update_slice``
-clamps, and its HLO is XLA's own formulation's. Prediction for the next run:
-``ours_promise`` costs what ``xla_dus`` costs; ``ours_drop`` one more block
-read; ``auto`` takes the copy for a set without a run-time check (clip,
-promise, static starts) and for every read, kernel rows otherwise.
-
-Outcome (H200, 2026-12-03 13:57 UTC, results/block_probe_h200.json): as
-predicted. ``ours_promise`` 8.2 / 29.3 / 91.8 us against ``xla_dus`` 9.0 /
-29.6 / 94.6, their compiled steps launching the same ops at every size;
-``ours_drop`` 13.6 / 52.1 / 177.4.
+an untimed run; the timed one sums each step's rows). docs/PERFORMANCE.md gives
+the committed runs (results/block_probe_*.json).
 """
 
 from __future__ import annotations
@@ -71,7 +38,6 @@ from jax import lax
 
 import pallas_pinned as pp
 from benchmarks import environment, hlo, report
-from pallas_pinned import tuning
 from pallas_pinned.testing import time_calls
 
 _HOST = jax.memory.Space.Host
@@ -90,12 +56,10 @@ def _writers(n):
         return lambda x, pos, y: pp.at(x)[jax.ds(pos, n)].set(y, mode=mode, backend=backend)
 
     return {
-        "xla_dus": (xla_dus, False),
-        "ours_promise": (ours("promise_in_bounds"), False),
-        "ours_copy": (ours("promise_in_bounds"), True),
-        "ours_drop": (ours(None), True),
-        "ours_rows": (ours("promise_in_bounds", _rows_backend()), False),
-        "ours_wrap": (ours("wrap"), False),
+        "xla_dus": xla_dus,
+        "ours_promise": ours("promise_in_bounds"),
+        "ours_rows": ours("promise_in_bounds", _rows_backend()),
+        "ours_wrap": ours("wrap"),
     }
 
 
@@ -107,8 +71,7 @@ def _readers(n):
         return lambda x, pos: pp.at(x)[jax.ds(pos, n)].get(mode="promise_in_bounds",
                                                          backend=backend)
 
-    return {"xla_ds": (xla_ds, False), "ours_get": (ours("auto"), False),
-            "ours_get_rows": (ours(_rows_backend()), False)}
+    return {"xla_ds": xla_ds, "ours_get": ours("auto"), "ours_get_rows": ours(_rows_backend())}
 
 
 def _host(a):
@@ -122,13 +85,12 @@ def run_case(num_rows, n, width, steps, repeats, compiler_options=None, dtype="f
     ys = jnp.asarray(rng.standard_normal((steps, n, width)), dtype)
     x0 = np.zeros((num_rows, width), ys.dtype)
     results, finals, step_ops = {}, {}, {}
-    for name, (write, block_copy) in _writers(n).items():
+    for name, write in _writers(n).items():
         def loop(x, write=write):
             return lax.scan(lambda x, a: (write(x, *a), None), x, (positions, ys))[0]
 
-        with tuning.override(block_copy=block_copy):
-            step = jax.jit(loop, donate_argnums=0).lower(_host(x0)).compile(compiler_options)
-            x, seconds = time_calls(step, _host(x0), repeats=repeats, warmup=1)
+        step = jax.jit(loop, donate_argnums=0).lower(_host(x0)).compile(compiler_options)
+        x, seconds = time_calls(step, _host(x0), repeats=repeats, warmup=1)
         step_ops[name] = hlo.kernels_per_step(step.as_text(), steps).ops
         finals[name] = np.asarray(x)  # Host memory already: no device round trip.
         results[name] = [s / steps * 1e6 for s in seconds]
@@ -140,7 +102,7 @@ def run_case(num_rows, n, width, steps, repeats, compiler_options=None, dtype="f
     # The rows each step must read, in order: a reader is checked on every row it
     # returned, bit for bit (a sum would pass rows read in the wrong order).
     expected = np.stack([source[p:p + n] for p in np.asarray(positions)])
-    for name, (read, block_copy) in _readers(n).items():
+    for name, read in _readers(n).items():
         def rows_read(x, read=read):
             return lax.scan(lambda c, p: (c, read(x, p)), 0, positions)[1]
 
@@ -148,11 +110,10 @@ def run_case(num_rows, n, width, steps, repeats, compiler_options=None, dtype="f
             return lax.scan(lambda c, p: (c + read(x, p).sum(dtype=jnp.float32), None), 0.0,
                             positions)[0]
 
-        with tuning.override(block_copy=block_copy):
-            if not np.array_equal(np.asarray(jax.jit(rows_read)(x)), expected):
-                raise AssertionError(f"{name} read other rows than the block at each position")
-            step = jax.jit(loop).lower(x).compile(compiler_options)
-            out, seconds = time_calls(lambda s, x, f=step: f(x), None, x, repeats=repeats)
+        if not np.array_equal(np.asarray(jax.jit(rows_read)(x)), expected):
+            raise AssertionError(f"{name} read other rows than the block at each position")
+        step = jax.jit(loop).lower(x).compile(compiler_options)
+        out, seconds = time_calls(lambda s, x, f=step: f(x), None, x, repeats=repeats)
         # float32 sums in another order: within a bound set by the magnitudes summed.
         tolerance = 1e-5 * float(np.abs(expected.astype(np.float64)).sum())
         if abs(float(out) - float(expected.astype(np.float64).sum())) > tolerance:

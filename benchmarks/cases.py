@@ -188,7 +188,7 @@ def static_skip(name: str, case: Case, args, gpu: bool) -> str | None:
     if name == "ours_hinted" and not unique:
         return "indices repeat: no hint applies"
     if name == "ours_hinted" and case.pattern not in ASCENDING_PATTERNS and (
-            case.n_updates >= tuning.current().sort_min_updates):
+            case.n_updates >= tuning.current().sort_from):
         return "same code path as ours (the unique hint alone still sorts at this size)"
     if name == "ours_nocoalesce" and not unique:
         return "needs unique indices"

@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 import pallas_pinned as pp
-from pallas_pinned import _rows, tuning
+from pallas_pinned import _rows
 
 DEVICE_STEPS = ("device", "device_distinct")  # the providers whose table is in device memory
 
@@ -96,7 +96,7 @@ def distinct_rows(ids, num_rows: int):
     """
     rows = _rows.normalize_rows(ids, num_rows, None)
     n = rows.shape[0]
-    ordered, order = _rows.stable_order(rows, small_max=tuning.current().runs_rank_max)
+    ordered, order = _rows.stable_order(rows)
     marker = _rows.skip_row(num_rows, rows.dtype)
     real = ordered != marker  # the markers' run is no row
     starts = real & jnp.concatenate([jnp.ones((1,), bool), ordered[1:] != ordered[:-1]])

@@ -8,13 +8,13 @@ studies. Each study times the same op on the same unique random rows with a
 path forced on and off by ``tuning.override`` (inside the traced function, so
 each setting is its own program), over batch sizes:
 
-* ``crossover`` (scatter_to_host, ``sort_min_updates``): sorted
-  (``sort_min_updates=0``) against unsorted (``coalesce=False``);
-* ``crossover_add`` (scatter_add_to_host, ``sort_min_adds``), likewise;
-* ``crossover_gather`` (gather_from_host, ``sort_min_gathers``), likewise;
-* ``small_dedupe`` (scatter_to_host with a quarter of the rows repeated,
-  ``small_dedupe_max``): the n x n comparison (``small_dedupe_max=n``)
-  against the sort (``small_dedupe_max=0``).
+* ``crossover`` (scatter_to_host, ``sort_from``): sorted (``sort_from=0``)
+  against unsorted (a ``sort_from`` no batch reaches);
+* ``crossover_add`` (scatter_add_to_host), likewise;
+* ``crossover_gather`` (gather_from_host), likewise;
+* ``fused_set`` (scatter_to_host with a quarter of the rows repeated,
+  ``fused_max_updates``): the one launch (``fused_max_updates=n``) against the
+  sort and the row kernel (``fused_max_updates=0``).
 
 Every variant's result is checked on sampled rows against the numpy oracles
 of ``pallas_pinned.testing`` before it is timed; an error or a wrong result
@@ -37,19 +37,21 @@ from pallas_pinned import tuning
 from pallas_pinned.testing import ScatterSpec, assert_same, gather_oracle, make_indices, make_values
 
 GIB, MIB = 1 << 30, 1 << 20
-STUDIES = ("crossover", "crossover_add", "crossover_gather", "small_dedupe")
+STUDIES = ("crossover", "crossover_add", "crossover_gather", "fused_set")
 _OP = {"crossover": "set", "crossover_add": "add", "crossover_gather": "gather",
-       "small_dedupe": "set"}
-_THRESHOLD = {"crossover": "sort_min_updates", "crossover_add": "sort_min_adds",
-              "crossover_gather": "sort_min_gathers", "small_dedupe": "small_dedupe_max"}
+       "fused_set": "set"}
+_THRESHOLD = {"crossover": "sort_from", "crossover_add": "sort_from",
+              "crossover_gather": "sort_from", "fused_set": "fused_max_updates"}
+# A threshold no batch reaches: the path it guards is never taken.
+NEVER = 2**62
 
 
 def variants(study: str, n: int) -> list[tuple[str, bool, dict]]:
     """``(flag name, flag, tuning overrides)`` of the two paths a study compares."""
-    if study == "small_dedupe":
-        return [("quadratic", True, {"small_dedupe_max": n}),
-                ("quadratic", False, {"small_dedupe_max": 0})]
-    return [("sorted", True, {_THRESHOLD[study]: 0}), ("sorted", False, {"coalesce": False})]
+    if study == "fused_set":
+        return [("fused", True, {"fused_max_updates": n}),
+                ("fused", False, {"fused_max_updates": 0})]
+    return [("sorted", True, {"sort_from": 0}), ("sorted", False, {"sort_from": NEVER})]
 
 
 def op_fn(op: str, backend: str, unique: bool, overrides: dict):
@@ -81,7 +83,7 @@ def measure_variant(x, idx, upd, sample, upd_np, study, n, backend, repeats, fla
                     overrides):
     """Checks one variant once, then times it; returns ``(x, record)``."""
     op = _OP[study]
-    fn = op_fn(op, backend, unique=study != "small_dedupe", overrides=overrides)
+    fn = op_fn(op, backend, unique=study != "fused_set", overrides=overrides)
     row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
     record = {"study": study, "op": op, "row_bytes": row_bytes, "n_updates": n,
               flag_name: flag, "overrides": overrides, "threshold": _THRESHOLD[study],
@@ -111,8 +113,8 @@ def run_study(study: str, args, records: list[dict]) -> None:
     device = jax.devices()[0]
     pinned = jax.sharding.make_single_device_sharding(device, memory_kind="pinned_host")
     on_device = jax.sharding.make_single_device_sharding(device, memory_kind="device")
-    counts = args.dedupe_counts if study == "small_dedupe" else args.counts
-    pattern = "random_dup25" if study == "small_dedupe" else "random_unique"
+    counts = args.dedupe_counts if study == "fused_set" else args.counts
+    pattern = "random_dup25" if study == "fused_set" else "random_unique"
     for row_bytes in args.row_bytes:
         width = row_bytes // 4
         num_rows = args.buffer_bytes // row_bytes
