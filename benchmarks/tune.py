@@ -142,7 +142,7 @@ def run_study(study: str, args, records: list[dict]) -> None:
 
 
 def _line(r: dict) -> str:
-    name = "sorted" if "sorted" in r else "quadratic"
+    name = "sorted" if "sorted" in r else "fused"
     head = f"{r['study']:16} row={r['row_bytes']:5d}B n={r['n_updates']:8d} {name}={r[name]!s:5}"
     if r["status"] != "ok":
         return f"{head}: {r['error']}"

@@ -78,7 +78,7 @@ def test_tune_runs_every_study_and_checks_it(tmp_path):
     assert done.returncode == 0, explain(done)
     found = records(tmp_path / "tune_scatter.json")
     assert {r["study"] for r in found} == {
-        "crossover", "crossover_add", "crossover_gather", "small_dedupe"}
+        "crossover", "crossover_add", "crossover_gather", "fused_set"}
     for r in found:
         assert r["status"] == "ok" and r["correct"] is True, r
     # Both paths of each comparison were measured.
@@ -359,7 +359,7 @@ def test_block_probe_runs_bfloat16_blocks_of_the_row_bytes_asked(tmp_path):
     assert done.returncode == 0, explain(done)
     (record,) = json.loads((tmp_path / "block_probe.json").read_text())["records"]
     assert (record["n"], record["row_bytes"], record["dtype"]) == (8, 256, "bfloat16")
-    assert {"xla_dus", "ours_promise", "ours_copy", "ours_rows"} <= set(record["us"])
+    assert {"xla_dus", "ours_promise", "ours_rows", "ours_wrap"} <= set(record["us"])
 
 
 def test_block_probe_checks_each_row_a_reader_returned(monkeypatch):
@@ -373,9 +373,8 @@ def test_block_probe_checks_each_row_a_reader_returned(monkeypatch):
                         lambda n: {"xla_dus": right_writers(n)["xla_dus"]})
 
     def readers(n):
-        xla_ds, block_copy = right_readers(n)["xla_ds"]
-        return {"xla_ds": (xla_ds, block_copy),
-                "reversed": (lambda x, pos: jnp.flip(xla_ds(x, pos), 0), block_copy)}
+        xla_ds = right_readers(n)["xla_ds"]
+        return {"xla_ds": xla_ds, "reversed": lambda x, pos: jnp.flip(xla_ds(x, pos), 0)}
 
     monkeypatch.setattr(block_probe, "_readers", readers)
     with pytest.raises(AssertionError, match="reversed read other rows"):

@@ -173,7 +173,7 @@ def test_csv_matches_json_and_summary_is_printed(sweep_run):
     assert set(REQUIRED_FIELDS) <= set(rows[0])
     meta = json.loads((out / "scatter_custom.json").read_text())["meta"]
     assert meta["jax"] and meta["date_utc"] and meta["jax_backend"] == "cpu"
-    assert meta["thresholds"]["sort_min_updates"] >= 0
+    assert meta["thresholds"]["sort_from"] >= 0
     assert "(a)" in stdout and "(d)" in stdout
 
 
