@@ -186,17 +186,11 @@ def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
 def write(op, x, index, updates, *, mode=None, unique_indices=False,
           indices_are_sorted=False, backend="auto"):
     """A write (``op``: set, add, min, max, mul) on a buffer sharded along axis 0."""
-    # The single-device checks, in the same order, against the global shape.
+    # The single-device checks, against the global shape.
     _validation.check_mode_and_backend(mode, backend)
     layout = _layout(x)
-    _validation.check_op_dtype(op, x.dtype)
-    plan, operands = _index_parse.parse(index, x.shape, mode, min_lead=1)
-    _validation.check_updates(updates, plan.result_shape, x.dtype)
-    _validation.check_not_aliased(x, ("updates", updates))
-    for name, operand in _validation.named_operands(index, operands):
-        _validation.check_not_aliased(x, (name, operand))
-    if backend in _registry.KERNEL_BACKENDS:
-        _registry.check_available(x, backend)
+    plan, operands = _validation.check_write(op, x, index, updates, mode=mode, backend=backend,
+                                             sharded=True)
     traced = not _placement.is_concrete(x)
     operands = tuple(_place(name, a, layout, traced)
                      for name, a in _validation.named_operands(index, operands))

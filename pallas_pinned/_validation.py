@@ -237,18 +237,24 @@ def _buffer_pointers(a: Any) -> set[int]:
 
 
 def check_write(
-    op: str, x: Any, index: Any, updates: Any, *, mode: Any, backend: Any
+    op: str, x: Any, index: Any, updates: Any, *, mode: Any, backend: Any,
+    sharded: bool = False,
 ) -> tuple[_index.IndexPlan, tuple]:
-    """Every check of a write, in the order users fix them; returns the parsed index."""
+    """Every check of a write, in the order users fix them; returns the parsed index.
+
+    ``sharded``: ``x`` is sharded along axis 0 (the sharded layer places the index and
+    updates on its mesh itself, so they may live anywhere; axis 0 must be indexed)."""
     check_mode_and_backend(mode, backend)
     check_buffer(x)
     check_op_dtype(op, x.dtype)
-    plan, operands = _index_parse.parse(index, x.shape, mode)
+    plan, operands = _index_parse.parse(index, x.shape, mode, min_lead=int(sharded))
     check_updates(updates, plan.result_shape, x.dtype)
-    check_same_device(x, ("indices", index), ("updates", updates))
+    if not sharded:
+        check_same_device(x, ("indices", index), ("updates", updates))
     check_not_aliased(x, ("indices", index), ("updates", updates))
     for name, operand in named_operands(index, operands):
-        check_same_device(x, (name, operand))
+        if not sharded:
+            check_same_device(x, (name, operand))
         check_not_aliased(x, (name, operand))
     check_kernel_backend(x, backend, plan)
     check_interpret_invarying(backend, x, updates, *operands)
