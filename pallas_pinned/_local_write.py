@@ -374,7 +374,7 @@ def _warn_trace_state_unknown() -> None:
 def write(x, operands, updates, call: WriteCall):
     """Runs (or, inside a trace, stages) the write with its transformation rules.
 
-    Outside a trace, ``x`` is consumed (donated) and the update happens in place, unless
+    Outside a trace, ``x`` in host memory is consumed (donated) and updated in place, unless
     another argument is being transformed (see the module docstring); when there is
     nothing to write, ``x`` comes back untouched."""
     if not isinstance(updates, jax.Array | jax.core.Tracer):

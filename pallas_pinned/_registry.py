@@ -7,8 +7,8 @@ has no objection runs (tokamax's registry is the model):
 * :data:`BLOCK`: a block (``_index`` plan kind ``"block"``) as one copy,
   ``lax.dynamic_update_slice`` / ``dynamic_slice``: XLA's asynchronous DMA for a
   host buffer. Every block read; a block write of a device buffer; on a host buffer,
-  a set of a strided block that needs no run-time check, below ``block_rows_from``
-  rows (:attr:`WriteCall.one_copy`). Other blocks are rows.
+  a set of a strided block that needs no run-time check (``WriteCall.one_copy``).
+  Other blocks are rows.
 * :data:`XLA_NATIVE`: XLA's own ``x.at[rows].set/.add`` of the normalized rows, for a
   host buffer on a CUDA GPU, where ``backend_table.json`` measured it faster than
   the kernels, on the GPU model and jax release the table was measured on.

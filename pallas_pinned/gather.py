@@ -48,7 +48,8 @@ def gather_from_host(
         Unused in the other modes, as in jnp, but checked in every mode (a
         string or a complex number is refused where jnp ignores it).
       indices_are_sorted: promise that the positions ascend, after negative indices wrap
-        (skips the sort that coalesces reads). Only speed depends on it.
+        (skips the sort that coalesces reads; not used under ``"wrap"``). Only speed
+        depends on it.
       unique_indices: accepted for parity with jnp; a read does not need it.
       backend: as for :func:`scatter_to_host`.
 

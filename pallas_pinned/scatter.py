@@ -26,8 +26,8 @@ def scatter_to_host(
     Built for ``x`` in ``pinned_host`` memory of a GPU: indices and updates
     stay in device memory and the data is written straight into the host
     buffer, which is never copied. A strided block (``kv[:, pos]``) that needs
-    no run-time check, of fewer than ``tuning`` ``block_rows_from`` rows, is one
-    copy (XLA's asynchronous DMA); other blocks and index forms become rows that a
+    no run-time check is one copy (XLA's asynchronous DMA); other blocks and index
+    forms become rows that a
     kernel stores over PCIe (or XLA's own scatter, where the backend table
     measured it faster). Any other ``x`` (device memory, CPU-only JAX) gets
     the same semantics through XLA.
@@ -54,7 +54,9 @@ def scatter_to_host(
         insert is ``at(x)[jax.ds(pos, n)].set(y, mode="wrap")``.
       unique_indices: promise that no position repeats (skips de-duplication).
       indices_are_sorted: promise that the positions ascend, after negative indices
-        wrap (skips the sort); ``sort_indices`` gives such an order.
+        wrap (skips the sort); ``sort_indices`` gives such an order. Under ``"clip"``
+        and ``"wrap"`` neither promise is used (those modes can map distinct
+        indices onto one row, and ascending ones out of order under ``"wrap"``).
       backend: ``"auto"`` (on a host buffer of a CUDA GPU, the copy above
         for such a block, else what the backend table measured fastest: a
         kernel, or XLA's own scatter of the rows; XLA otherwise), ``"pallas"`` (the
@@ -65,9 +67,10 @@ def scatter_to_host(
     Returns:
       The updated buffer, with ``x``'s sharding and memory kind. Duplicates:
       the last occurrence (row-major over the index) wins. Outside ``jit``
-      the update happens in place and ``x`` is consumed, as if donated
+      a buffer in host memory is updated in place and consumed, as if donated
       (unless the call is being transformed, e.g. by an eager ``jax.grad``, or
-      ``jax_debug_nans``/``jax_debug_infs`` is on);
+      ``jax_debug_nans``/``jax_debug_infs`` is on), and the call returns once the
+      write is done; a device-memory ``x`` is never consumed, as in jnp;
       inside ``jit`` the enclosing ``donate_argnums`` decides (without
       donation XLA copies the buffer first).
 
