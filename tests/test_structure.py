@@ -158,3 +158,16 @@ def test_the_import_reader_sees_the_package_root_and_import_module(tmp_path):
         "pallas_pinned.kernels.__init__",
     }, found
     assert _layer("pallas_pinned.__init__") == 0  # The public layer: upward from a helper.
+
+
+def test_no_library_or_kernel_line_cites_a_gpu_a_date_or_a_session():
+    # Measurements live in docs/PERFORMANCE.md and are cited by name; code says why.
+    import re
+
+    anecdote = re.compile(r"\b(H100|H200|A100)\b|\b20\d\d-\d\d-\d\d\b|\b[Ss]ession \d+|"
+                          r"\b\d\d:\d\d UTC\b|docs/lab")
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in _modules().values()
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if anecdote.search(line)]
+    assert not found, "\n".join(found)
