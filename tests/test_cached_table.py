@@ -256,7 +256,10 @@ def test_runs_under_a_users_jit_with_the_cache_donated():
     want[ids] = 0
     cache = ct.flush(cache)
     np.testing.assert_allclose(_np(cache.table), want, atol=TOL)
-    assert cache.table.unsafe_buffer_pointer() == table_pointer  # updated in place
+    if jax.default_backend() == "gpu":
+        # Updated in place. XLA's CPU client may copy a donated buffer instead (it did, now
+        # and then, in a full run): there only the values are the promise.
+        assert cache.table.unsafe_buffer_pointer() == table_pointer
 
 
 def test_the_public_module_keeps_its_surface():
