@@ -7,7 +7,7 @@
 # OLD_TREE is a checkout of the old commit (e.g. `git worktree add .old be68706`, carried to
 # the GPU machine). Each tree runs as it would be installed: its pallas_pinned/ with kernels/
 # inside, beside its own benchmarks/. Logs and JSON go to $OUT/{old,new}_{loop,sparse}.*;
-# docs/PERFORMANCE.md says how to read them side by side.
+# SPARSE_ARGS (e.g. "--steps 20 --repeats 3") goes to both sparse runs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 old=$1
@@ -31,7 +31,7 @@ for tree in old new; do
       --no-plots --time-budget-s "$budget" --xla-option xla_gpu_graph_min_graph_size=1 \
       --out "$OUT/${tree}_loop" > "$OUT/${tree}_loop.log" 2>&1) || failed=1
   tail -30 "$OUT/${tree}_loop.log"
-  (cd "$dir" && timeout 150 python3 -m benchmarks.sparse_training \
+  (cd "$dir" && timeout 150 python3 -m benchmarks.sparse_training ${SPARSE_ARGS:-} \
       --xla-option xla_gpu_graph_min_graph_size=1 --out "$OUT/${tree}_sparse" \
       > "$OUT/${tree}_sparse.log" 2>&1) || failed=1
   grep -E "^(device|ours|ours_sorted|ours_hot\S*|xla|transfer) " "$OUT/${tree}_sparse.log"
