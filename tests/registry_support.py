@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import types
 
+import jax
+
 from pallas_pinned import _backend_table, _placement, _registry
 
 
@@ -33,3 +35,21 @@ def auto_kernel_family() -> str | None:
         if _registry._family_unavailable(impl.family, "set", "float32", 4096) is None:
             return impl.name
     return None
+
+
+def picked(monkeypatch) -> list[str]:
+    """The names of the implementations ``_registry.choose`` picks from now on.
+
+    It is asked while a call is traced, and JAX keeps the trace of a call's rules (built
+    once per frozen WriteCall) across jits: its caches are cleared first, so that an earlier
+    test's call of the same signature does not answer for this one."""
+    jax.clear_caches()
+    names, real = [], _registry.choose
+
+    def spy(call, x):
+        impl = real(call, x)
+        names.append(impl.name)
+        return impl
+
+    monkeypatch.setattr(_registry, "choose", spy)
+    return names

@@ -36,6 +36,7 @@ from pallas_pinned import (
     _write_rows,
 )
 from tests.helpers import put, read
+from tests.registry_support import picked as choices_made
 
 # The package's name `at` is the function; its module holds the method class.
 _at_module = importlib.import_module("pallas_pinned.at")
@@ -119,24 +120,6 @@ def _ints(rng, shape, dtype=np.int32):
     return rng.integers(0, np.iinfo(dtype).max, shape, dtype=dtype)
 
 
-def _picked(monkeypatch) -> list[str]:
-    """The names of the implementations ``_registry.choose`` picks from now on.
-
-    It is asked while a call is traced, and JAX keeps the trace of a call's rules (built
-    once per frozen WriteCall) across jits: its caches are cleared first, so that an earlier
-    test's call of the same signature does not answer for this one."""
-    jax.clear_caches()
-    picked, real = [], _registry.choose
-
-    def spy(call, x):
-        impl = real(call, x)
-        picked.append(impl.name)
-        return impl
-
-    monkeypatch.setattr(_registry, "choose", spy)
-    return picked
-
-
 # Three index forms, one per plan kind: axis-0 indices (duplicates, a negative, one out of
 # range dropped), a 3-D buffer's [layer, positions] ("rows"), and a block.
 def _case(form, rng, rows=7):
@@ -179,7 +162,7 @@ def _expected_pick(form, backend):
 @pytest.mark.parametrize("form", ["axis0", "layer_positions", "block"])
 def test_the_toy_op_runs_through_the_public_path_under_jit(
         rng, monkeypatch, xor_op, form, backend):
-    picked = _picked(monkeypatch)
+    picked = choices_made(monkeypatch)
     x0, call, y, entries, y_entries = _case(form, rng)
     out = jax.jit(lambda x, y: call(x, y, backend))(put(x0), jnp.asarray(y))
     assert out.sharding.memory_kind == "pinned_host"
@@ -307,7 +290,7 @@ def toy(monkeypatch):
 
 
 def test_auto_takes_the_first_implementation_that_can_serve(rng, monkeypatch, toy):
-    picked = _picked(monkeypatch)
+    picked = choices_made(monkeypatch)
     x0 = rng.standard_normal((11, 3)).astype(np.float32)
     write = jax.jit(lambda x, i, y: pp.scatter_to_host(x, i, y))
     for idx in ([1, 4, 1], [1, 4, 1, 2, 3]):  # 3 entries: the toy; 5: it objects
@@ -322,7 +305,7 @@ def test_auto_takes_the_first_implementation_that_can_serve(rng, monkeypatch, to
 
 
 def test_an_explicit_backend_is_honoured_or_refused_never_replaced(rng, monkeypatch, toy):
-    picked = _picked(monkeypatch)
+    picked = choices_made(monkeypatch)
     x0 = rng.standard_normal((11, 3)).astype(np.float32)
     y = jnp.ones((3, 3))
     out = pp.scatter_to_host(put(x0), jnp.array([1, 4, 1]), y, backend="toy")

@@ -19,6 +19,7 @@ import pytest
 import pallas_pinned as pp
 from pallas_pinned import _registry
 from tests.helpers import put, read
+from tests.registry_support import picked
 
 ROWS = 7
 
@@ -115,22 +116,9 @@ def _pinned_sharding():
     return jax.sharding.make_single_device_sharding(cpu, memory_kind="pinned_host")
 
 
-def _ran(monkeypatch) -> list[str]:
-    """The names of the implementations :func:`_registry.choose` picks from now on."""
-    picked, real = [], _registry.choose
-
-    def spy(call, x):
-        impl = real(call, x)
-        picked.append(impl.name)
-        return impl
-
-    monkeypatch.setattr(_registry, "choose", spy)
-    return picked
-
-
 @pytest.mark.parametrize("backend", ["interpret", "xla"])
 def test_an_explicit_backend_is_what_runs(rng, monkeypatch, backend):
-    ran = _ran(monkeypatch)
+    ran = picked(monkeypatch)
     x0 = _fresh(rng)
     out = pp.scatter_to_host(put(x0), jnp.array([3, 1, 3]), jnp.ones((3, 3)), backend=backend)
     assert ran == [backend]
@@ -139,7 +127,7 @@ def test_an_explicit_backend_is_what_runs(rng, monkeypatch, backend):
 
 
 def test_auto_on_the_cpu_runs_xla_and_a_strided_block_set_is_one_copy(rng, monkeypatch):
-    ran = _ran(monkeypatch)
+    ran = picked(monkeypatch)
     pp.scatter_to_host(put(_fresh(rng)), jnp.array([3, 1]), jnp.ones((2, 3)))
     kv = put(rng.standard_normal((2, 5, 4)).astype(np.float32))
     pp.at(kv)[:, jnp.asarray(2)].set(jnp.ones((2, 4)), mode="clip")
