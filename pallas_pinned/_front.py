@@ -74,11 +74,11 @@ def _kept_or_checked(key: tuple | None, index: Any, check) -> tuple[Any, tuple, 
     return value, operands, False
 
 
-def _recheck(x, backend: str, plan) -> None:
+def _recheck(x, backend: str) -> None:
     """What a kept signature still checks on every call."""
     _placement.check_buffer_alive(x)
     # Whether a kernel family can run is the registry's answer now, not when kept.
-    _validation.check_kernel_backend(x, backend, plan)
+    _validation.check_kernel_backend(x, backend)
 
 
 def _checked_write(op, x, index, updates, *, mode, backend, settings):
@@ -90,7 +90,7 @@ def _checked_write(op, x, index, updates, *, mode, backend, settings):
         op, x, index, updates, mode=mode, backend=backend
     ))
     if kept:
-        _recheck(x, backend, plan)
+        _recheck(x, backend)
         _validation.check_not_aliased(x, ("indices", index), ("updates", updates))
     return plan, operands
 
@@ -294,5 +294,5 @@ def _checked_read(x, index, *, mode, fill_value, backend):
 
     (plan, fill), operands, kept = _kept_or_checked(key, index, check)
     if kept:
-        _recheck(x, backend, plan)
+        _recheck(x, backend)
     return plan, operands, fill

@@ -256,7 +256,7 @@ def check_write(
         if not sharded:
             check_same_device(x, (name, operand))
         check_not_aliased(x, (name, operand))
-    check_kernel_backend(x, backend, plan)
+    check_kernel_backend(x, backend)
     check_interpret_invarying(backend, x, updates, *operands)
     return plan, operands
 
@@ -270,7 +270,7 @@ def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.I
     check_same_device(x, ("indices", index))
     for name, operand in named_operands(index, operands):
         check_same_device(x, (name, operand))
-    check_kernel_backend(x, backend, plan)
+    check_kernel_backend(x, backend)
     check_interpret_invarying(backend, x, *operands)
     return plan, operands
 
@@ -312,7 +312,7 @@ def check_rows_to_read(shape: tuple[int, ...], plan: _index.IndexPlan, mode: Any
         )
 
 
-def check_kernel_backend(x: Any, backend: str, plan: _index.IndexPlan) -> None:
+def check_kernel_backend(x: Any, backend: str) -> None:
     """An explicit kernel backend must be able to run here (its limits on this call's
     shapes are ``_registry.choose``'s to check, at trace time, before anything runs)."""
     if backend in _registry.KERNEL_BACKENDS:
