@@ -39,14 +39,23 @@ def time_providers(providers: dict, make_state, *args, repeats: int, unit: str) 
 
 def finish(checks: dict, timing_title: str | None = None, timings: dict | None = None) -> int:
     """Prints the checks and the timings; the exit status: 0 only when every check holds."""
-    for name, ok in checks.items():
-        print(f"  {name:30s} {'ok' if ok else 'MISMATCH'}")
+    print_checks(checks)
     if timings is None:
         print("not timed on CPU (both paths are XLA's scatter there; --time times anyway)")
     else:
         print(timing_title)
         for name, line in timings.items():
             print(f"  {name:14s} {line}")
+    return verdict(checks)
+
+
+def print_checks(checks: dict) -> None:
+    for name, ok in checks.items():
+        print(f"  {name:30s} {'ok' if ok else 'MISMATCH'}")
+
+
+def verdict(checks: dict) -> int:
+    """Prints OK or MISMATCH; the exit status: 0 only when every check holds."""
     ok = all(checks.values())
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1

@@ -28,23 +28,34 @@ import sys
 import tempfile
 
 import numpy as np
-from _common import placements  # examples/ is on sys.path when run
+from _common import placements, print_checks, verdict  # examples/ is on sys.path when run
 
 TOLERANCE = 1e-5
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=3000, help="embedding rows")
-    p.add_argument("--dim", type=int, default=8, help="embedding width")
-    p.add_argument("--samples", type=int, default=32, help="samples per step")
-    p.add_argument("--bag", type=int, default=4, help="ids per sample (summed)")
-    p.add_argument("--hidden", type=int, default=16, help="hidden units of the dense model")
-    p.add_argument("--cache-rows", type=int, default=150, help="rows cached on the device")
-    p.add_argument("--steps", type=int, default=24, help="training steps")
-    p.add_argument("--refresh-every", type=int, default=4, help="steps per scan and refresh")
+def training_parser(description: str, **defaults) -> argparse.ArgumentParser:
+    """The arguments of the training (``defaults`` overrides the small CPU sizes)."""
+    d = {"rows": 3000, "dim": 8, "samples": 32, "bag": 4, "hidden": 16, "cache_rows": 150,
+         "steps": 24, "refresh_every": 4, **defaults}
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--rows", type=int, default=d["rows"], help="embedding rows")
+    p.add_argument("--dim", type=int, default=d["dim"], help="embedding width")
+    p.add_argument("--samples", type=int, default=d["samples"], help="samples per step")
+    p.add_argument("--bag", type=int, default=d["bag"], help="ids per sample (summed)")
+    p.add_argument("--hidden", type=int, default=d["hidden"],
+                   help="hidden units of the dense model")
+    p.add_argument("--cache-rows", type=int, default=d["cache_rows"],
+                   help="rows cached on the device")
+    p.add_argument("--steps", type=int, default=d["steps"], help="training steps")
+    p.add_argument("--refresh-every", type=int, default=d["refresh_every"],
+                   help="steps per scan and refresh")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def parse_args(argv=None):
+    p = training_parser(__doc__.splitlines()[0])
     args = p.parse_args(argv)
     if args.steps % (2 * args.refresh_every):
         p.error("--steps must be a multiple of 2 * --refresh-every (the checkpoint is half way)")
@@ -222,11 +233,8 @@ def main(argv=None) -> int:
           f"{dev.platform}; cache of {args.cache_rows} rows; {args.steps} steps of "
           f"{args.samples} x {args.bag} ids; checkpoint at step {half}; hit rate "
           f"{hit_rate:.0%}; loss {first:.3f} -> {last:.3f}")
-    for name, ok in checks.items():
-        print(f"  {name:30s} {'ok' if ok else 'MISMATCH'}")
-    ok = all(checks.values())
-    print("OK" if ok else "MISMATCH")
-    return 0 if ok else 1
+    print_checks(checks)
+    return verdict(checks)
 
 
 if __name__ == "__main__":
