@@ -4,7 +4,7 @@ The table (``--rows`` x ``--dim`` float32, with row-wise Adagrad accumulators be
 lives in ``pinned_host`` memory; ``pallas_pinned.cached_table`` keeps ``--cache-rows`` of
 its rows on the device, and ``cached_table.scan`` trains with the prefetch pipeline, the
 model of ``cached_embedding.py``. With ``--fill-gpu`` (on a GPU) the script first takes
-the GPU's memory with a ballast array until less is free than the table's size, and says
+the GPU's memory with ballast arrays until less is free than the table's size, and says
 how much was free.
 
 Checks: the rows the training touched equal the same training on a device-resident table
@@ -76,14 +76,19 @@ def driver_free_bytes() -> int | None:
         return None
 
 
-def fill_gpu(dev, keep_free: int):
-    """A device array taking all but ``keep_free`` bytes of what JAX may still allocate."""
+def fill_gpu(dev, keep_free: int) -> list:
+    """Device arrays taking all but ``keep_free`` bytes of what JAX may still allocate."""
+    import jax
     import jax.numpy as jnp
 
     stats = dev.memory_stats()
-    free = stats["bytes_limit"] - stats["bytes_in_use"]
-    ballast = max(0, free - keep_free) // 4
-    return jnp.zeros((ballast,), jnp.float32, device=dev).block_until_ready()
+    left = max(0, stats["bytes_limit"] - stats["bytes_in_use"] - keep_free) // 4
+    ballast = []
+    while left > 0:  # arrays of at most 2**30 entries: no 64-bit shapes needed
+        n = min(left, 2**30)
+        ballast.append(jax.device_put(jnp.zeros((n,), jnp.float32), dev))
+        left -= n
+    return jax.block_until_ready(ballast)
 
 
 def main(argv=None) -> int:
@@ -115,7 +120,8 @@ def main(argv=None) -> int:
         free = jax_free + (outside or 0)
         print(f"GPU free memory now: {jax_free / GIB:.2f} GiB in JAX's pool + "
               f"{'?' if outside is None else f'{outside / GIB:.2f}'} GiB outside it "
-              f"(ballast {ballast.nbytes / GIB:.1f} GiB); table {table_bytes / GIB:.2f} GiB")
+              f"(ballast {sum(b.nbytes for b in ballast) / GIB:.1f} GiB); table "
+              f"{table_bytes / GIB:.2f} GiB")
         checks["table > free GPU memory"] = outside is not None and table_bytes > free
 
     t0 = time.perf_counter()
