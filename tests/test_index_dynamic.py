@@ -124,6 +124,9 @@ def _strided(template, start):
                  for it in template)
 
 
+STRIDED_STARTS = (-8, -3, -1, 0, 1, 2, 4, 6, 9)
+# Eagerly, a start before the axis and one reaching past its end (the rest under jit).
+EAGER_STARTS = (-3, 6)
 # The kernels take a cross-section (the index fuzz runs random strided windows through
 # them, eagerly and under jit): one window alone, beside an index array, beside a static one.
 STRIDED_CASES = [(s, t, "xla") for s, t in STRIDED] + [
@@ -146,8 +149,18 @@ def test_strided_window_position_by_position(shape, template, backend):
     ours = compile_fast(lambda x, s: run(x, s, pp_call, backend=backend), pinned(a),
                         jnp.int32(0))
     theirs = compile_fast(lambda x, s: run(x, s, jnp_call), a, jnp.int32(0))
+
+    # The same window at a static start (jnp: a slice where its index is static), every
+    # start in one program; the starts stay Python ints, so each is its own static index.
+    def run_static(x, call, **kw):
+        return {(start, m): call(x, _strided(template, start), m, None if m == "get" else v,
+                                 mode=None, **kw) for start in STRIDED_STARTS for m in ALL}
+
+    ours_static = compile_fast(lambda x: run_static(x, pp_call, backend=backend), pinned(a))
+    theirs_static = compile_fast(lambda x: run_static(x, jnp_call), a)
+    static_got, static_expected = ours_static(pinned(a)), theirs_static(a)
     wrong = []
-    for start in (-8, -3, -1, 0, 1, 2, 4, 6, 9):
+    for start in STRIDED_STARTS:
         got, expected = ours(pinned(a), jnp.int32(start)), theirs(a, jnp.int32(start))
         for key, e in expected.items():
             try:
@@ -155,17 +168,19 @@ def test_strided_window_position_by_position(shape, template, backend):
             except AssertionError:
                 wrong.append(f"{key} start {start}: got {np.asarray(got[key]).tolist()}, "
                              f"jnp {np.asarray(e).tolist()}")
-        # The same window at a static start (jnp: a slice where its index is static).
         for m in ALL:
-            idx = _strided(template, start)
-            e = jnp_call(jnp.asarray(a), idx, m, None if m == "get" else v, mode=None)
-            g = pp_call(pinned(a), idx, m, None if m == "get" else v, mode=None,
-                        backend=backend)
-            try:
-                assert_matches(g, e, f"{m} static start {start}")
-            except AssertionError:
-                wrong.append(f"{m} static start {start}: got {np.asarray(g).tolist()}, "
-                             f"jnp {np.asarray(e).tolist()}")
+            e = static_expected[(start, m)]
+            results = {"jit": static_got[(start, m)]}
+            if start in EAGER_STARTS:  # Eagerly too: the op compiles the index on its own.
+                results["eager"] = pp_call(pinned(a), _strided(template, start), m,
+                                           None if m == "get" else v, mode=None,
+                                           backend=backend)
+            for how, g in results.items():
+                try:
+                    assert_matches(g, e, f"{m} static start {start} {how}")
+                except AssertionError:
+                    wrong.append(f"{m} static start {start} {how}: got "
+                                 f"{np.asarray(g).tolist()}, jnp {np.asarray(e).tolist()}")
     assert not wrong, f"{len(wrong)} disagreements with jnp:\n" + "\n".join(wrong[:20])
 
 
@@ -382,19 +397,23 @@ def test_a_read_takes_a_static_strided_ds_as_jnp_does_beside_any_int(mode):
     # ints: one out of range sends the index to its gather, which reads the ds
     # as its positions, each clamped (a (2, 4) result here, not (1, 4)).
     a = np.arange(48, dtype=np.float32).reshape(4, 3, 4)
-    for ds in (jax.ds(2, 2, 2), jax.ds(0, 3, 2), jax.ds(-3, 2, 3)):
-        for k in (0, 2, -1, -3, 3, 5, -4, -9):
-            for index in ((ds, k), (ds, ..., k), (ds, None, k), (k, ds), (k % 4, ds)):
-                got = pallas_pinned.at(pinned(a))[index].get(mode=mode)
-                want = jnp.asarray(a).at[index].get(mode=mode)
-                np.testing.assert_array_equal(
-                    np.asarray(got), np.asarray(want), err_msg=f"{index} {mode}")
-    # Under jit, the same (the ints stay static), for the out-of-range ints.
-    for index in ((jax.ds(2, 2, 2), 3), (jax.ds(0, 3, 2), ..., -4), (5, jax.ds(0, 3, 2))):
-        got = jax.jit(lambda x, i=index: pallas_pinned.at(x)[i].get(mode=mode))(pinned(a))
-        want = jax.jit(lambda x, i=index: x.at[i].get(mode=mode))(jnp.asarray(a))
-        np.testing.assert_array_equal(
-            np.asarray(got), np.asarray(want), err_msg=f"jit {index} {mode}")
+    dss = (jax.ds(2, 2, 2), jax.ds(0, 3, 2), jax.ds(-3, 2, 3))
+    ks = (0, 2, -1, -3, 3, 5, -4, -9)
+    indices = [index for ds in dss for k in ks
+               for index in ((ds, k), (ds, ..., k), (ds, None, k), (k, ds), (k % 4, ds))]
+    # Every index in one program each side: the ints stay static inside it, as outside
+    # jit. Eagerly too for a third of them (each ds and each int among those).
+    eager = {repr(index) for i, ds in enumerate(dss) for j, k in enumerate(ks)
+             if (i + j) % 3 == 0
+             for index in ((ds, k), (ds, ..., k), (ds, None, k), (k, ds), (k % 4, ds))}
+    got = jax.jit(lambda x: [pallas_pinned.at(x)[i].get(mode=mode) for i in indices])(pinned(a))
+    want = jax.jit(lambda x: [x.at[i].get(mode=mode) for i in indices])(jnp.asarray(a))
+    for index, g, w in zip(indices, got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"jit {index} {mode}")
+        if repr(index) in eager:
+            g = pallas_pinned.at(pinned(a))[index].get(mode=mode)
+            np.testing.assert_array_equal(
+                np.asarray(g), np.asarray(w), err_msg=f"eager {index} {mode}")
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["traced", "static"])
