@@ -224,11 +224,19 @@ LIFT_INDICES = {  # index: how many of its ints are passed as values (in range, 
 }
 
 
-@pytest.mark.parametrize("mode", [None, "clip", "drop", "fill", "promise_in_bounds"])
+LIFT_MODES = [None, "clip", "drop", "fill", "promise_in_bounds"]
+COMBINERS = ("add", "min", "max", "multiply")
+
+
+@pytest.mark.parametrize("mode", LIFT_MODES)
 @pytest.mark.parametrize("index", list(LIFT_INDICES), ids=repr)
 def test_eager_positions_passed_as_values_give_jnps_results(index, mode):
     # In range, each int becomes a 0-d array (_front._positions_as_values); out of range or
     # negative it stays static. Either way every op and the read give jnp's result.
+    # Each case writes with set and one combiner, turning with the index and the mode: an
+    # index meets each combiner once over the four writing modes (an out-of-range one under
+    # the promise writes nothing), and each mode meets every combiner. The lifting is the
+    # index's; the combiner only decides what lands where the positions point.
     lifted, axes = _front._positions_as_values(put(GRID), index)
     items = lifted if isinstance(lifted, tuple) else (lifted,)
     assert sum(isinstance(it, jax.Array) for it in items) == LIFT_INDICES[index] == len(axes)
@@ -242,7 +250,9 @@ def test_eager_positions_passed_as_values_give_jnps_results(index, mode):
     if mode == "fill":
         return  # A read-only mode.
     updates = jnp.full(want_get.shape, 2.5, jnp.float32)
-    for op in ("set", "add", "min", "max", "multiply"):
+    turn = [repr(i) for i in LIFT_INDICES].index(repr(index))
+    turn += [m for m in LIFT_MODES if m != "fill"].index(mode)
+    for op in ("set", COMBINERS[turn % len(COMBINERS)]):
         if mode == "promise_in_bounds" and out_of_range:
             continue  # Out of range under a promise: undefined.
         want = getattr(jnp.asarray(GRID).at[index], op)(updates, mode=mode)
