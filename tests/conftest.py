@@ -13,12 +13,34 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
+import tempfile
 import zlib
 
 import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+# One compilation cache for the whole run, on disk: its workers (pytest-xdist) and the
+# child processes they start (the environment carries it) compile many of the same
+# programs, and a test that builds a fresh jit of a program compiled before (a new
+# lambda, or after jax.clear_caches()) finds it there. Keyed by the program's HLO, its
+# options and jax's version, so a hit is the program that would have compiled; jax logs
+# "Finished XLA compilation" for a hit too (tests that count compiles still see each).
+# The first process to load this file (the xdist controller) makes the folder and
+# removes it at the end; an existing JAX_COMPILATION_CACHE_DIR is used as it is.
+_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="pallas_pinned_tests_jax_")
+    # Every program, however small or quick to compile: the suite's are all small.
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 1)))
+jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                  int(os.environ.get("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", 0)))
 
 # Two CPU devices for the cross-device error tests. The option must be set
 # before jax initializes its backends, i.e. before anything asks for devices.
@@ -57,6 +79,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # this order) the short ones then fill in around them and the workers finish
 # together.
 FIRST = ("test_sharded.py", "test_provenance.py", "test_notebooks.py")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
