@@ -404,13 +404,14 @@ def test_a_read_takes_a_static_strided_ds_as_jnp_does_beside_any_int(mode):
     a = np.arange(48, dtype=np.float32).reshape(4, 3, 4)
     dss = (jax.ds(2, 2, 2), jax.ds(0, 3, 2), jax.ds(-3, 2, 3))
     ks = (0, 2, -1, -3, 3, 5, -4, -9)
-    indices = [index for ds in dss for k in ks
-               for index in ((ds, k), (ds, ..., k), (ds, None, k), (k, ds), (k % 4, ds))]
+
+    def forms(ds, k):
+        return ((ds, k), (ds, ..., k), (ds, None, k), (k, ds), (k % 4, ds))
+
+    indices = [index for ds in dss for k in ks for index in forms(ds, k)]
     # Every index in one program each side: the ints stay static inside it, as outside
-    # jit. Eagerly too for a third of them (each ds and each int among those).
-    eager = {repr(index) for i, ds in enumerate(dss) for j, k in enumerate(ks)
-             if (i + j) % 3 == 0
-             for index in ((ds, k), (ds, ..., k), (ds, None, k), (k, ds), (k % 4, ds))}
+    # jit. Eagerly too for eight of them: each int once, the ds and the form turning.
+    eager = {repr(forms(dss[j % 3], k)[j % 5]) for j, k in enumerate(ks)}
     got = jax.jit(lambda x: [pallas_pinned.at(x)[i].get(mode=mode) for i in indices])(pinned(a))
     want = jax.jit(lambda x: [x.at[i].get(mode=mode) for i in indices])(jnp.asarray(a))
     for index, g, w in zip(indices, got, want, strict=True):
