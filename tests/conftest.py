@@ -74,11 +74,12 @@ settings.register_profile("ci", derandomize=True, **_PROFILE)
 settings.register_profile("explore", derandomize=False, **_PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# The modules that take longest (child processes, whole notebooks) go first: with
-# several workers (dev.sh: pytest-xdist, one module per worker at a time, in
-# this order) the short ones then fill in around them and the workers finish
-# together.
-FIRST = ("test_sharded.py", "test_provenance.py", "test_notebooks.py")
+# The modules that take longest (child processes, whole notebooks, then the largest
+# grids, 30 to 50 s each on 2 cores) go first: with several workers (dev.sh:
+# pytest-xdist, one module per worker at a time, in this order) the short ones then
+# fill in around them and the workers finish together.
+FIRST = ("test_sharded.py", "test_provenance.py", "test_notebooks.py", "test_index_dynamic.py",
+         "test_scatter_add.py", "test_index_advanced.py", "test_semantics.py")
 
 
 def pytest_unconfigure(config):
