@@ -1,7 +1,8 @@
 """Test setup shared by every module: two CPU devices, the GPU marker, seeds, the skip summary.
 
-Also: compiles without XLA's CPU optimizations when there is no GPU, and the
-slowest modules first (for pytest-xdist, which dev.sh runs).
+Also: compiles without XLA's CPU optimizations when there is no GPU, through one
+on-disk compilation cache for the run, and the slowest modules first (for
+pytest-xdist, which dev.sh runs).
 
 Two CPU devices exist so that "inputs on different devices" is testable on a
 laptop; GPU tests (``@pytest.mark.gpu``) are skipped unless a CUDA GPU is seen.
@@ -22,26 +23,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-# One compilation cache for the whole run, on disk: its workers (pytest-xdist) and the
-# child processes they start (the environment carries it) compile many of the same
-# programs, and a test that builds a fresh jit of a program compiled before (a new
-# lambda, or after jax.clear_caches()) finds it there. Keyed by the program's HLO, its
-# options and jax's version, so a hit is the program that would have compiled; jax logs
-# "Finished XLA compilation" for a hit too (tests that count compiles still see each).
-# The first process to load this file (the xdist controller) makes the folder and
-# removes it at the end; an existing JAX_COMPILATION_CACHE_DIR is used as it is.
-_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
-if _OWN_CACHE:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="pallas_pinned_tests_jax_")
-    # Every program, however small or quick to compile: the suite's are all small.
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                  float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 1)))
-jax.config.update("jax_persistent_cache_min_entry_size_bytes",
-                  int(os.environ.get("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", 0)))
-
 # Two CPU devices for the cross-device error tests. The option must be set
 # before jax initializes its backends, i.e. before anything asks for devices.
 jax.config.update("jax_num_cpu_devices", 2)
@@ -59,6 +40,29 @@ from tests.helpers import (  # noqa: E402  (may initialize backends)
 if not has_gpu() and "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ:
     os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
     jax.config.update("jax_disable_most_optimizations", True)
+
+# Without a GPU, one compilation cache for the whole run, on disk: its workers
+# (pytest-xdist) and the child processes they start (the environment carries it) compile
+# many of the same programs, and a test that builds a fresh jit of a program compiled
+# before (a new lambda, or after jax.clear_caches()) finds it there. Keyed by the
+# program's HLO, its options and jax's version, so a hit is the program that would have
+# compiled; jax logs "Finished XLA compilation" for a hit too (tests that count compiles
+# still see each). With a GPU the programs compile as a user's would (XLA's autotuning
+# would share the cache). The first process to load this file (the xdist controller)
+# makes the folder and removes it at the end; a JAX_COMPILATION_CACHE_DIR already set is
+# used as it is.
+_OWN_CACHE = not has_gpu() and "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="pallas_pinned_tests_jax_")
+    # Every program, however small or quick to compile: the suite's are all small.
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+if not has_gpu() and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 1)))
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                      int(os.environ.get("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", 0)))
 
 # Property tests (hypothesis) draw the same examples on every run, so that CI is
 # reproducible and a failure repeats; each test sets its own (modest) count through
