@@ -2,17 +2,17 @@
 # One batched GPU session: install, GPU tests, benchmarks, notebooks; logs to $OUT.
 # Usage (on the H200, from the repository root, so that `python3 -m benchmarks.*` resolves):
 #   bash benchmarks/gpu_session.sh "tests loop sparse"      # or "tests quick full notebooks"
-# Stages: tests quick full demo gatheradd loop loopgraphs loopmat xlapath sparse sparsesizes tune notebooks
+# Stages: tests quick full demo gatheradd loop loopgraphs loopmat xlapath sparse sparsesizes tune notebooks cached larger compare
 # Rough times (each stage's timeout in brackets): tests <= 5.5 min [330 s], quick ~2 [420 s],
 # full ~6 [420 s], demo < 1 [200 s], gatheradd ~1 [200 s], loop ~5 [420 s],
 # loopgraphs ~3 [420 s], loopmat ~2 [300 s], xlapath ~3 [570 s], sparse ~1 [240 s],
 # sparsesizes ~3 [6 x 60 s],
-# tune ~3 [360 s], notebooks ~2 [200 s each]. The sum of the timeouts of "tests loop sparse"
+# tune ~3 [360 s], notebooks ~2 [200 s each], cached ~1 [150 s], larger ~2 [240 s],
+# compare ~5 [2 x (LOOP budget + 240 s)]. The sum of the timeouts of "tests loop sparse"
 # is 16.5 min; of every stage ~81 min (more than one 30-minute lease).
 # "loop" with its default LOOP_ARGS is the whole grid, about 50 min (its estimate: 2989 s):
-# its time budget (240 s) is checked between cases, and on an H100 on 2026-12-06 the case of
-# 65536 x 4 B, started inside the budget, was still running when the stage's 420 s ran out
-# (the session printed `FAILED: loop`; the cases before it are in loop.json). Split it with
+# its time budget (240 s) is checked between cases, so a large case started inside the budget
+# can outrun the stage's 420 s (the cases before it are in loop.json). Split it with
 # LOOP_ARGS (--rows, --dtypes, --providers), or run --quick.
 # Where one command may run 10 min at most, split the stages over calls whose timeouts fit:
 #   "tests sparse" (9.5 min), "loop" (7), "loopgraphs" (7), "loopmat sparse" (9), "full" (7),
@@ -134,8 +134,7 @@ for stage in $stages; do
     sparsesizes)
       # The sparse client graphed at smaller batches, on Zipf ids (they repeat) and on uniform
       # ones: the loop grid's rows never repeat, so only these show what repeated ids cost a
-      # path (session 24: the one-launch add took 97 us at 1024 Zipf ids where the ordered
-      # runs took 35, docs/PERFORMANCE.md "The one launch on repeated ids").
+      # path (docs/PERFORMANCE.md "The one launch on repeated ids").
       for batch in 64 256 1024; do
         for zipf in 1.1 0; do
           log "bench sparse training graphed, $batch ids a step, zipf $zipf"
@@ -160,6 +159,24 @@ for stage in $stages; do
       done
       grep -hE "triton custom calls|S\(5\)|copies|matches numpy|LIVE|update loop|Triton kernels|final buffer|median step" /tmp/figs/*.log | head -30
       tar czf "$OUT/notebooks.tgz" -C /tmp/figs . ;;
+    cached)
+      log "bench cached table"
+      XLA_FLAGS=--xla_gpu_graph_min_graph_size=1 timeout 150 python3 -m benchmarks.cached_table \
+        ${CACHED_ARGS:-} --out "$OUT" > "$OUT/bench_cached_table.log" 2>&1; ended cached $?
+      tail -14 "$OUT/bench_cached_table.log" ;;
+    larger)
+      # A 16 GiB table (and its accumulators) trained with less GPU memory free than that.
+      log "examples/larger_than_device.py --fill-gpu"
+      XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 240 python3 examples/larger_than_device.py \
+        --rows 67108864 --dim 64 --cache-rows 3355443 --samples 1024 --steps 200 \
+        --refresh-every 50 --fill-gpu 2>&1 | tee "$OUT/larger_than_device.log"; ended larger $? ;;
+    compare)
+      # Before and after: OLD_TREE is a checkout of the old commit, carried to the machine.
+      log "compare_trees ${OLD_TREE:-(OLD_TREE unset)}"
+      if [ -z "${OLD_TREE:-}" ]; then echo "compare needs OLD_TREE"; ended compare 2; continue; fi
+      OUT="$OUT" timeout $((2 * (${LOOP_BUDGET_S:-60} + 240))) bash benchmarks/compare_trees.sh \
+        "$OLD_TREE" "${LOOP_BUDGET_S:-60}" 2>&1 | tee "$OUT/compare.log"
+      ended compare $? ;;
     *)
       # Not a failure: `gpu_session.sh nostage` is the install alone (docs/GPU_RUNS.md).
       echo "unknown stage: $stage (nothing run)" ;;
