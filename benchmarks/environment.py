@@ -1,4 +1,5 @@
-"""What a results file says about where it was measured, and what a call logged.
+"""What a results file says about where it was measured, what a call logged, and the
+command-line values the benchmarks share.
 
 Also the one rule for optional peers: a package is *unavailable* only when
 importing it fails. Anything else that goes wrong while a provider runs is an
@@ -54,9 +55,9 @@ def ensure_triton_cache_dir(knobs, environ=os.environ) -> str:
     ``knobs`` is ``triton.knobs`` (None for triton < 3.4, which reads
     ``TRITON_CACHE_DIR``). jax-triton deletes ``TRITON_CACHE_DIR`` when it is
     imported, and triton raises "Could not create or locate cache dir" when
-    its directory is empty or cannot be made (the raw Triton peer's 34 errors
-    on the H200, 2026-12-02). Keeps the configured directory when it is
-    usable; else ``$PALLAS_PINNED_TRITON_CACHE``, else a new temporary one.
+    its directory is empty or cannot be made. Keeps the configured directory
+    when it is usable; else ``$PALLAS_PINNED_TRITON_CACHE``, else a new
+    temporary one.
     """
     cache = getattr(knobs, "cache", None)
     current = cache.dir if cache is not None else environ.get("TRITON_CACHE_DIR")
@@ -189,6 +190,37 @@ def environment(repo: Path = REPO) -> dict[str, Any]:
     return info
 
 
+def parse_counts(text: str) -> tuple[int, ...]:
+    """``"5,1K,16M"`` -> ``(5, 1024, 16777216)``."""
+    import argparse
+
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    out = []
+    for part in text.split(","):
+        part = part.strip().upper()
+        try:
+            out.append(int(part[:-1]) * scale[part[-1]] if part[-1] in scale else int(part))
+        except (ValueError, IndexError) as err:
+            raise argparse.ArgumentTypeError(f"bad count {part!r} in {text!r}") from err
+    if any(n < 1 for n in out):
+        raise argparse.ArgumentTypeError(f"counts must be positive, got {text!r}")
+    return tuple(out)
+
+
+def choices(allowed: tuple[str, ...]):
+    """An argparse type for a comma list drawn from ``allowed``; names the bad value."""
+    import argparse
+
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(s.strip() for s in text.split(",") if s.strip())
+        bad = [s for s in items if s not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"unknown {bad or text!r}; choose from {allowed}")
+        return items
+
+    return parse
+
+
 def add_xla_option(parser) -> None:
     """``--xla-option NAME=VALUE`` (repeatable) on ``parser``: ``args.compiler_options``, a dict.
 
@@ -230,14 +262,6 @@ def parse_xla_option(text: str) -> tuple[str, Any]:
         return name, int(value)
     except ValueError:
         return name, value
-
-
-def backend_table() -> str:
-    """The backend table ``auto`` follows: ``$PALLAS_PINNED_BACKEND_TABLE``'s path, else
-    "shipped" (as ``pallas_pinned._registry`` reads it)."""
-    from pallas_pinned._registry import TABLE_ENV
-
-    return os.environ.get(TABLE_ENV) or "shipped"
 
 
 def installed_version(package: str) -> str | None:

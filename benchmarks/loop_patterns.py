@@ -41,11 +41,9 @@ in ``--rounds`` rounds (``ROUNDS`` when the parser has no such option), each
 giving every provider its share of its ``--runs`` timed runs, the order
 rotated by one per round.
 Timed one after the other, drift of the machine (clocks, PCIe, the state of
-host memory) landed on one provider only: on the H200 ours and XLA's block
-insert, whose steps launch the same ops, measured 13.6 vs 12.8 us per step
-(ours vs XLA) timed that way, 8.2 vs 9.0 in a separate probe. Interleaved,
-every provider sees the same drift. ``us_per_step`` is the median over all
-of a provider's timed runs, ``us_min``/``us_max`` their extremes.
+host memory) lands on one provider only; interleaved, every provider sees the
+same drift. ``us_per_step`` is the median over all of a provider's timed runs,
+``us_min``/``us_max`` their extremes.
 
 Records have the grid's fields less its floor fields (``op`` is the pattern,
 ``rows`` the rows written per step; ``rounds``, as in the grid, the rounds
@@ -68,7 +66,7 @@ import numpy as np
 from jax import lax
 
 import pallas_pinned as pp
-from benchmarks import cases, checks
+from benchmarks import checks
 from benchmarks.scan_runner import (
     PinnedBuffer,
     check_scan,
@@ -103,7 +101,7 @@ class PatternCase:
 
     @property
     def row_bytes(self) -> int:
-        return self.shape[-1] * cases.itemsize(self.dtype)
+        return self.shape[-1] * jnp.dtype(self.dtype).itemsize
 
     @property
     def step_bytes(self) -> int:
@@ -113,9 +111,7 @@ class PatternCase:
 # H200 sizes: a 1 GiB ring of 1 KiB rows written 1024 rows at a time; an
 # 8.5-block ring that wraps; a bf16 KV cache of 32 layers x 4096 tokens x
 # (8 heads x 128) (256 MiB); 64 sequences x 4096 tokens x 1024 bf16 (512 MiB);
-# contiguous blocks of 64 x 1 KiB and 1024 x 1 KiB (the block probe's sizes), and of
-# 64 and 1024 x 2 KiB in bfloat16 (since session 23: the backend table has no bfloat16
-# classes, so these blocks' rows are the kernel's).
+# contiguous blocks of 64 and 1024 rows of 1 KiB (float32) and of 2 KiB (bfloat16).
 GPU_PATTERNS = (
     PatternCase("ring", (1 << 20, 256), "float32", 1024),
     PatternCase("ring_wrap", (8 * 1024 + 512, 256), "float32", 1024),

@@ -1,4 +1,4 @@
-"""The loop benchmark's steps: what each provider does inside ``lax.scan``, and the replay.
+"""The loop benchmark's grid steps: what each provider does inside ``lax.scan``, and the replay.
 
 Every provider runs the same scan: ``steps`` steps over a pinned buffer that is
 the scan's carry and is donated to the jitted function, so the buffer is
@@ -7,28 +7,20 @@ the device, then writes (or, for the baseline, does not):
 
 * indices: row ``t`` of an index table, each row a random sample *without
   replacement* of the buffer's rows, drawn with numpy before timing and kept
-  on the device (the slice is the only per-step index work). Unique rows make
-  the unique providers' promise true and the result independent of duplicate
-  order, so every provider's result is checked exactly; the providers that are
-  not told still pay for handling duplicates, as they must. The sorted
-  provider reads the same table with each row sorted.
-* updates: ``base + t`` in the buffer's dtype, ``base`` a random device array:
-  a cheap elementwise producer, different at every step.
+  on the device. Unique rows make the unique providers' promise true and every
+  result independent of duplicate order, so every provider is checked exactly;
+  the providers that are not told still pay for handling duplicates.
+* updates: ``base + t`` in the buffer's dtype, ``base`` a random device array.
 * the baseline makes both and carries them to the scan's output (so XLA cannot
   delete the work) but writes nothing: ``op_cost_us`` is a step's time minus
   the baseline's.
 * ``floor_launch`` is the baseline's step with the buffer passed through one
-  aliased Pallas kernel that takes the indices and updates but writes nothing
-  (``benchmarks/loop_floor.py``): its ``op_cost_us`` is what any in-stream
-  kernel adds to the step, the floor of our writes.
-* the read-after-write providers (``xla_add_read``, ``ours_add_read``,
-  ``xla_set_read``, ``ours_set_read``, and ``ours_set_unique_read`` /
-  ``ours_add_unique_read``, whose write promises unique indices) add or set
-  the updates at the step's rows, then read those rows back and carry them
-  (with the buffer), as a client that uses what it wrote must (a KV cache, a
-  replay buffer): a write that is fast alone (XLA's add and set, which ``auto``
-  may run where the backend table says so) can still lose once its rows are
-  read back.
+  aliased Pallas kernel that takes the indices and updates but writes nothing:
+  what any in-stream kernel adds to the step, the floor of our writes.
+  ``kernel_floor_us`` adds the op's bytes over PCIe at :data:`PCIE_BYTES_PER_S`.
+* the read-after-write providers (``*_add_read``, ``*_set_read``) write, then
+  read the step's rows back and carry them, as a client that uses what it wrote
+  must (a KV cache, a replay buffer).
 """
 
 from __future__ import annotations
@@ -41,9 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 import pallas_pinned as pp
-from benchmarks import checks, loop_floor
+from benchmarks import checks
 from pallas_pinned.testing import LoopCase, make_values, scatter_add_oracle, scatter_oracle
 
 
@@ -52,7 +46,6 @@ class LoopProvider:
     name: str
     op: str  # "set", "add", "get", "add_read", "set_read", "floor" or "none" (the baseline)
     ours: bool  # takes a backend= (extra rows with --backends)
-    sorted_rows: bool = False  # reads the sorted index table
 
 
 PROVIDERS = (
@@ -61,7 +54,6 @@ PROVIDERS = (
     LoopProvider("xla_set", "set", False),
     LoopProvider("ours_set", "set", True),
     LoopProvider("ours_set_unique", "set", True),
-    LoopProvider("ours_set_unique_sorted", "set", True, sorted_rows=True),
     LoopProvider("xla_add", "add", False),
     LoopProvider("ours_add", "add", True),
     LoopProvider("ours_add_unique", "add", True),
@@ -71,39 +63,97 @@ PROVIDERS = (
     LoopProvider("ours_add_read", "add_read", True),
     LoopProvider("xla_set_read", "set_read", False),
     LoopProvider("ours_set_read", "set_read", True),
-    LoopProvider("ours_set_unique_read", "set_read", True),
-    LoopProvider("ours_add_unique_read", "add_read", True),
 )
 # The read-after-write ops: the op written, then its rows read back.
 READS_BACK = ("add_read", "set_read")
 PROVIDER_NAMES = tuple(p.name for p in PROVIDERS)
 
+# The H200's PCIe (gen 5 x16) rate for the floor: the copy engine's device->pinned copies
+# of >= 64 MiB took 53.3-55.2 GB/s (benchmarks/results/scatter_full_h200.json, `ceiling`)
+# and a kernel storing contiguously into pinned memory 52.6 GB/s; the low end, rounded down.
+PCIE_BYTES_PER_S = 52e9
+# Times the op's rows cross PCIe: a set writes each row, a gather reads it, an add reads
+# then writes it; the *_read ops read the rows back after their write.
+PCIE_PASSES = {"set": 1, "get": 1, "add": 2, "add_read": 3, "set_read": 2}
+FLOOR_FIELDS = ("floor_launch_us", "pcie_us", "kernel_floor_us")
+FLOOR_RULE = (
+    "kernel_floor_us = floor_launch_us (the baseline step plus one aliased Pallas kernel that "
+    "takes the step's indices and updates and writes nothing) + pcie_us (rows x row_bytes x "
+    "passes / pcie_bytes_per_s; passes: "
+    + ", ".join(f"{op} {n}" for op, n in PCIE_PASSES.items()) + ")")
+FLOOR_NOTE = (f"floor (+pcie): the floor_launch step plus the rows' bytes at "
+              f"{PCIE_BYTES_PER_S / 1e9:.0f} GB/s, the H200's PCIe rate measured in earlier "
+              "runs (benchmarks/loop_steps.py), not in this one")
+
+
+def _writes_nothing(indices_ref, updates_ref, x_ref, out_ref):
+    del indices_ref, updates_ref, x_ref, out_ref
+
+
+def floor_launch(x, indices, updates, *, interpret: bool | None = None):
+    """``x`` passed through one aliased Pallas kernel that writes nothing.
+
+    ``interpret`` None: the interpreter off a GPU, where XLA then removes the
+    empty kernel (the floor is the baseline there: only a GPU run measures it).
+    """
+    if interpret is None:
+        interpret = jax.default_backend() != "gpu"
+    any_space = pl.BlockSpec(memory_space=pl.ANY)
+    out = pl.pallas_call(
+        _writes_nothing,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[any_space] * 3,
+        out_specs=any_space,
+        input_output_aliases={2: 0},
+        grid=(1,),
+        compiler_params=plgpu.CompilerParams(num_warps=1, num_stages=1),
+        interpret=interpret,
+        name="pallas_pinned_floor_launch",
+    )(indices, updates, x)
+    # The aliased result is the pinned buffer: said so, as the library's kernels do.
+    return jax.device_put(out, jax.memory.Space.Host)
+
+
+def pcie_us(op: str, rows: int, row_bytes: int) -> float | None:
+    """The op's bytes over PCIe at the ceiling, in us (None for a step that moves no rows)."""
+    passes = PCIE_PASSES.get(op)
+    return None if passes is None else 1e6 * passes * rows * row_bytes / PCIE_BYTES_PER_S
+
+
+def fill_floors(records: list[dict]) -> None:
+    """Fills :data:`FLOOR_FIELDS` of one case's records from its floor_launch record."""
+    floor = next((r for r in records if r["provider"] == "floor_launch"
+                  and r["us_per_step"] is not None), None)
+    launch = floor["us_per_step"] if floor else None
+    for r in records:
+        transfer = pcie_us(r["op"], r["rows"], r["row_bytes"])
+        r["floor_launch_us"] = launch
+        r["pcie_us"] = transfer
+        r["kernel_floor_us"] = None if launch is None or transfer is None else launch + transfer
+
 
 def _xla_get(x, i):
     # jax refuses a gather whose operands live in different memory spaces:
-    # the indices go to host memory, the rows come back to the device.
+    # the indices go to host memory, the rows come back to the device. The barrier
+    # keeps XLA from moving later ops back across the copy (a reshape after it became
+    # a bitcast between memory spaces, which XLA refused).
     on_host = jax.device_put(i, jax.memory.Space.Host)
-    # The barrier keeps XLA from moving later ops back across the copy (on the
-    # H200, jax 0.11.2, a reshape after it became a bitcast between memory
-    # spaces, which XLA refused; see pallas_pinned/_host_xla.py).
     return lax.optimization_barrier(jax.device_put(x[on_host], jax.memory.Space.Device))
 
 
 def read_fn(name: str, backend: str) -> Callable:
     """``read(x, i) -> rows`` of a gather or read-after-write provider."""
-    ours = functools.partial(pp.gather_from_host, backend=backend)
     if name.startswith("ours_"):
-        return ours
-    return {"xla_get": _xla_get, "xla_add_read": _xla_get, "xla_set_read": _xla_get}[name]
+        return functools.partial(pp.gather_from_host, backend=backend)
+    return _xla_get
 
 
 def write_fn(name: str, backend: str) -> Callable:
     """``write(x, i, u) -> x`` of one provider (not for the baseline or a gather).
 
     A read-after-write provider writes as its op's (``xla_add_read`` as ``xla_add``).
-    ``floor_launch`` writes nothing through one kernel: backend "-" runs it
-    as the platform allows (:func:`benchmarks.loop_floor.floor_launch`), any
-    other than "interpret" forces the compiled kernel (lowering for CUDA).
+    ``floor_launch``'s backend "-" runs its kernel as the platform allows, any
+    other than "interpret" forces the compiled kernel.
     """
     name = name.removesuffix("_read")
     set_ = functools.partial(pp.scatter_to_host, backend=backend)
@@ -112,39 +162,32 @@ def write_fn(name: str, backend: str) -> Callable:
         "xla_set": lambda x, i, u: x.at[i].set(u),
         "ours_set": set_,
         "ours_set_unique": functools.partial(set_, unique_indices=True),
-        "ours_set_unique_sorted": functools.partial(set_, unique_indices=True,
-                                                    indices_are_sorted=True),
         "xla_add": lambda x, i, u: x.at[i].add(u),
         "ours_add": add,
         "ours_add_unique": functools.partial(add, unique_indices=True),
         "floor_launch": functools.partial(
-            loop_floor.floor_launch,
-            interpret=None if backend == "-" else backend == "interpret"),
+            floor_launch, interpret=None if backend == "-" else backend == "interpret"),
     }[name]
 
 
 def _step_inputs(table, base, t, materialized: bool):
     """Step ``t``'s indices and updates, made on the device.
 
-    ``materialized``: both are computed into buffers before anything uses
-    them (an optimization barrier), as a real step's are when they come from
-    a matmul or arrive as arguments. Otherwise XLA may fuse their making (a
-    slice, an add) into its own scatter kernel, which a custom call's operands
-    never are.
+    ``materialized``: both are computed into buffers before anything uses them
+    (an optimization barrier), as a real step's are when they come from a matmul
+    or arrive as arguments. Otherwise XLA may fuse their making into its own
+    scatter kernel, which a custom call's operands never are.
     """
     inputs = table[t], base + t.astype(base.dtype)
     return lax.optimization_barrier(inputs) if materialized else inputs
 
 
 def scan_fn(provider: LoopProvider, backend: str, *, materialized: bool = False) -> Callable:
-    """The jitted scan ``(x, table, base) -> outputs``; outputs[0] is the buffer.
+    """The jitted scan ``(x, table, base) -> outputs``; outputs[0] is the buffer (donated).
 
-    The buffer is donated. The baseline also returns the last step's indices
-    and updates: a scan output XLA must compute, so it keeps the work;
-    floor_launch is the same step with the buffer passed through its kernel. A
-    gather carries the rows it read (outputs[1]: the last step's), which every
-    step overwrites, so every step's read is live; so does a read-after-write
-    provider, the rows it read after its write.
+    The baseline (and floor_launch) also returns the last step's indices and
+    updates, so XLA keeps their making; a gather or read-after-write provider
+    carries the rows it read (outputs[1]: the last step's), so every read is live.
     """
     steps_of = lambda table: jnp.arange(table.shape[0], dtype=jnp.int32)  # noqa: E731
     step_inputs = functools.partial(_step_inputs, materialized=materialized)
@@ -163,10 +206,8 @@ def scan_fn(provider: LoopProvider, backend: str, *, materialized: bool = False)
 
         def run(x, table, base):
             def body(carry, t):
-                x, _ = carry
                 i, u = step_inputs(table, base, t)
-                # + u: the rows depend on the step's data as a write's would.
-                return (x, read(x, i) + u), None
+                return (carry[0], read(carry[0], i) + u), None  # + u: depends on the step
 
             return lax.scan(body, (x, jnp.zeros_like(base)), steps_of(table))[0]
     elif provider.op in READS_BACK:
@@ -193,23 +234,20 @@ def scan_fn(provider: LoopProvider, backend: str, *, materialized: bool = False)
 
 @dataclasses.dataclass
 class LoopData:
-    """One case's tables, updates' base and row sample, on host and device."""
+    """One case's index table, updates' base and row sample, on host and device."""
 
     case: LoopCase
-    shape: tuple[int, ...]  # the buffer's
     table: np.ndarray  # (steps, rows) int32, unique rows per step
     base: np.ndarray
     table_dev: jax.Array
-    sorted_dev: jax.Array
     base_dev: jax.Array
     sample: np.ndarray  # sorted buffer rows read back for the check
     hits: list[tuple[np.ndarray, np.ndarray]]  # per step: (positions in the step, slots)
-    sorted_hits: list[tuple[np.ndarray, np.ndarray]]  # the same for the sorted table
     # Each row's own updates' base on the device (scan_runner.own_updates).
     owned: list[jax.Array] = dataclasses.field(default_factory=list)
 
     def release(self) -> None:
-        for a in (self.table_dev, self.sorted_dev, self.base_dev, *self.owned):
+        for a in (self.table_dev, self.base_dev, *self.owned):
             a.delete()
 
 
@@ -225,19 +263,16 @@ def make_loop_data(case: LoopCase, buffer_bytes: int, steps: int, rng: np.random
     num_rows = shape[0]
     table = np.stack([_sample_rows(rng, num_rows, case.rows) for _ in range(steps)])
     base = make_values(rng, (case.rows, *shape[1:]), case.dtype)
-    # The sample: rows written at random (step, position) pairs, plus random
-    # rows anywhere (nearly all untouched: they catch stray writes).
+    # Rows written at random (step, position) pairs, plus random rows anywhere
+    # (nearly all untouched: they catch stray writes).
     flat = table.reshape(-1)
     picked = flat[rng.choice(flat.size, min(check_written, flat.size), replace=False)]
     others = rng.integers(0, num_rows, size=min(check_others, num_rows))
     sample = np.unique(np.concatenate([picked, others]).astype(np.int64))
-    sorted_table = np.sort(table, axis=1)
     hits = [checks.hits_in(sample, table[t]) for t in range(steps)]
-    sorted_hits = [checks.hits_in(sample, sorted_table[t]) for t in range(steps)]
     on_device = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="device")
     put = functools.partial(jax.device_put, device=on_device)
-    return LoopData(case, shape, table, base, put(table), put(sorted_table), put(base),
-                    sample, hits, sorted_hits)
+    return LoopData(case, table, base, put(table), put(base), sample, hits)
 
 
 def _sample_rows(rng: np.random.Generator, num_rows: int, n: int) -> np.ndarray:
@@ -258,37 +293,31 @@ def check_replay(data: LoopData, provider: LoopProvider, before: np.ndarray,
                  after: np.ndarray) -> str | None:
     """The sampled rows after one scan against a numpy replay of its steps; None if they match.
 
-    Each step is replayed with the oracle of ``pallas_pinned.testing`` on the
-    sampled rows it hits. Indices are unique within a step, so sets are checked
-    bit for bit, and so are sums (add and add_read, ``checks.compare_sums``): a
-    step adds one update to each of its rows, one sum rounded once (to nearest,
-    in the buffer's dtype, by every provider as by the replay), so there is no
-    order to differ in, and a rounding bound would let a lost update smaller
-    than the row pass (bfloat16). The baseline, floor_launch and a gather must
-    leave every sampled row as it was (a gather's rows are checked by
-    :func:`check_gathered`, a read-after-write's by :func:`check_read_back`).
+    Indices are unique within a step, so sets are checked bit for bit, and so
+    are sums: a step adds one update to each of its rows, one sum rounded once,
+    so there is no order to differ in, and a rounding bound would let a lost
+    update smaller than the row pass (bfloat16). The baseline, floor_launch and
+    a gather must leave every sampled row as it was.
     """
     op = provider.op.removesuffix("_read")  # the buffer as after the write alone
     if op in _UNCHANGED:
         return None if before.tobytes() == after.tobytes() else (
             f"the {_UNCHANGED[op]} changed the buffer: "
             f"{_changed_rows(before, after)} sampled rows differ")
-    hits = data.sorted_hits if provider.sorted_rows else data.hits
     if op == "set":
-        expected = _replay(data, op, before, hits)[0]
+        expected = _replay(data, op, before, data.hits)[0]
         return None if expected.tobytes() == after.tobytes() else (
             f"{_changed_rows(expected, after)} of {after.shape[0]} sampled rows differ "
             "from the numpy replay")
-    return _sums_mismatch(data, before, hits, after)
+    return _sums_mismatch(data, before, data.hits, after)
 
 
 def _sums_mismatch(data: LoopData, before: np.ndarray, hits: list, after: np.ndarray):
     """``after`` against the add's replay, bit for bit (None when equal).
 
     A 16-bit step's update ``base + t`` may reach the add rounded to the buffer's
-    dtype or not: XLA on CPU keeps the float32 sum where it feeds our add's float32
-    accumulator, and rounds it before its own add. Each element may match either
-    replay; a lost or doubled update matches neither.
+    dtype or not (XLA on CPU keeps the float32 sum where it feeds our add's float32
+    accumulator): each element may match either replay; a lost update matches neither.
     """
     expected, magnitude, terms = _replay(data, "add", before, hits)
     mismatch = checks.compare_sums(after, expected, magnitude, terms, exact=True)
@@ -303,16 +332,10 @@ def _sums_mismatch(data: LoopData, before: np.ndarray, hits: list, after: np.nda
 
 def _replay(data: LoopData, op: str, before: np.ndarray, hits: list, *,
             rounded_updates: bool = True) -> tuple:
-    """``(expected, magnitude, terms)``: ``before`` after every step's writes at ``hits``.
-
-    ``hits[t]`` is step ``t``'s ``(positions in the step, slots in before)``.
-    For sums, ``magnitude`` and ``terms`` give ``checks.compare_sums`` its bound.
-    ``rounded_updates=False``: the updates ``base + t`` kept in float32 (16-bit
-    buffers; see :func:`_sums_mismatch`).
-    """
+    """``(expected, magnitude, terms)``: ``before`` after every step's writes at ``hits``
+    (``hits[t]``: step ``t``'s positions in the step and slots in ``before``)."""
     expected = before.copy()
-    wide = np.float64
-    magnitude = np.abs(before.astype(wide))
+    magnitude = np.abs(before.astype(np.float64))
     terms = np.zeros(before.shape[0], np.int64)
     for t, (positions, slots) in enumerate(hits):
         if positions.size == 0:
@@ -324,18 +347,16 @@ def _replay(data: LoopData, op: str, before: np.ndarray, hits: list, *,
             expected = scatter_oracle(expected, slots, updates)
         else:
             expected = scatter_add_oracle(expected, slots, updates)
-            magnitude = scatter_add_oracle(magnitude, slots, np.abs(updates.astype(wide)))
+            magnitude = scatter_add_oracle(magnitude, slots, np.abs(updates.astype(np.float64)))
             terms[slots] += 1
     return expected, magnitude, terms
 
 
 def check_read_back(data: LoopData, op: str, before_last: np.ndarray,
                     carried: np.ndarray) -> str | None:
-    """A read-after-write scan's output (the rows read after the last step's write)
-    against the oracle. ``set_read``: the last step's updates, bit for bit (its
-    rows are distinct). ``add_read``: the buffer's rows at the last step's
-    indices before the run (``before_last``), every step's adds to them
-    replayed, bit for bit (as :func:`check_replay` says why).
+    """The rows a read-after-write scan read after its last write, against the oracle:
+    ``set_read`` the last step's updates; ``add_read`` the rows at the last step's
+    indices before the run (``before_last``) with every step's adds replayed. Bit for bit.
     """
     if op == "set_read":
         expected = _last_updates(data)
@@ -345,18 +366,14 @@ def check_read_back(data: LoopData, op: str, before_last: np.ndarray,
                 f"{carried.shape[0]} differ from the last step's updates")
     last = data.table[-1]
     order = np.argsort(last, kind="stable")  # distinct rows: sorted, as hits_in wants
-    rows = last[order]
-    hits = [checks.hits_in(rows, step) for step in data.table]
+    hits = [checks.hits_in(last[order], step) for step in data.table]
     mismatch = _sums_mismatch(data, before_last[order], hits, carried[order])
     return None if mismatch is None else f"rows read after the last add: {mismatch}"
 
 
 def check_gathered(data: LoopData, last_rows: np.ndarray, x_rows: np.ndarray) -> str | None:
-    """A gather scan's output (the last step's rows + updates) against the buffer's rows.
-
-    ``x_rows`` are the buffer's rows at the last step's indices, read back
-    after the scan (the sampled check shows the buffer unchanged). Exact.
-    """
+    """A gather scan's output (the last step's rows + updates) against the buffer's rows
+    at the last step's indices, read back after the scan. Exact."""
     expected = (x_rows + _last_updates(data)).astype(data.base.dtype)
     if expected.tobytes() == last_rows.tobytes():
         return None

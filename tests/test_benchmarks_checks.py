@@ -1,6 +1,6 @@
 """CPU tests of what every benchmark relies on: the row checkers, the oracles and timing helper
-of ``pallas_pinned.testing``, the kernel counting rule of ``benchmarks.hlo``, and the printed
-summaries of ``benchmarks.report`` (medians with their spread, ratios of checked results only).
+of ``pallas_pinned.testing``, the kernel counting rule of ``benchmarks.hlo``, and the formatting
+of ``benchmarks.report``.
 
 A checker that cannot fail would make every benchmark's "correct" flag
 meaningless, so each is shown a right result and the wrong ones it must catch.
@@ -228,57 +228,11 @@ def test_kernel_counting_on_a_compiled_scan():
 
 
 # ---------------------------------------------------------------------------
-# The printed summaries
+# Formatting
 
 
-def _summary_record(provider, row_bytes=4, n=5, status="ok", correct=True, median_s=1e-6):
-    timed = status == "ok"
-    return {"provider": provider, "row_bytes": row_bytes, "n_updates": n,
-            "pattern": "random_unique", "dtype": "float32", "status": status,
-            "correct": correct, "median_s": median_s if timed else None,
-            "min_s": 0.5 * median_s if timed else None, "max_s": 2 * median_s if timed else None,
-            "gbps": n * row_bytes / median_s / 1e9 if timed else None,
-            "updates_per_s": n / median_s if timed else None}
-
-
-def test_the_summary_gives_no_ratio_against_a_wrong_or_failed_peer():
-    found = [_summary_record("ours"), _summary_record("xla", correct=False),
-             _summary_record("host_roundtrip", status="error", correct=None),
-             _summary_record("torch_index_copy", median_s=2e-6)]
-    line_a, line_d = report.sweep_summary(found, [], 1 << 30)
-    # Medians with [min–max]: 5 updates in 1 us (2 us the slowest run, 0.5 us the fastest).
-    assert "ours 5.0 M/s [2.5–10.0]" in line_a
-    assert "xla n/a (incorrect)" in line_a and "ours/xla" not in line_a
-    assert "host_roundtrip n/a (error)" in line_a
-    assert "torch_index_copy 2.5 M/s [1.3–5.0] (ours/torch_index_copy 2.00x)" in line_a
-    assert "ours 1.0 us [0.5–2.0], xla n/a (incorrect) (xla/ours n/a)" in line_d
-    # Ours checked wrong is no timing for the summary either.
-    wrong = [_summary_record("ours", 512, 1024, correct=False)]
-    assert report.sweep_summary(found[:1] + wrong, [], 1 << 30)[1] == (
-        "(b) 512 B random rows, n=1K: ours not timed (incorrect)")
-    ceiling = _summary_record("ceiling", 512, 1024, correct=None, median_s=1e-3)
-    line_b = report.sweep_summary([found[0], ceiling, _summary_record(
-        "ours", 512, 1024, median_s=2e-3)], [], 1 << 30)[1]
-    assert line_b == ("(b) 512 B random rows, n=1K: ours 0.3 GB/s [0.1–0.5], ceiling "
-                      "0.5 GB/s [0.3–1.0], ours/ceiling 0.50x")
-
-
-def test_the_sweep_table_prints_min_and_max_beside_the_median():
-    row = report.sweep_table_rows([_summary_record("ours", median_s=12.3e-6)])[0]
-    assert row[2] == "12.3 us [6.2–24.6]"
+def test_a_median_prints_with_its_min_and_max_in_its_unit():
+    assert report.format_seconds_span(12.3e-6, 6.15e-6, 24.6e-6) == "12.3 us [6.2–24.6]"
+    assert report.format_seconds_span(0.5, 0.25, 1.5) == "500.00 ms [250.00–1500.00]"
     assert report.format_seconds_span(None, None, None) == "-"
-
-
-def test_the_loop_table_prints_the_spread_and_no_ratio_against_a_wrong_row(capsys):
-    def record(provider, us, correct=True):
-        return {"case": "c", "provider": provider, "backend": "-" if provider != "ours_set"
-                else "auto", "op": "set", "rows": 8, "row_bytes": 64, "dtype": "float32",
-                "status": "ok", "correct": correct, "us_per_step": us, "us_min": us - 1,
-                "us_max": us + 2, "op_cost_us": None, "kernels_per_step": 1}
-
-    report.print_loop_table([record("xla_set", 10.0), record("ours_set", 5.0)], "t")
-    line = capsys.readouterr().out.splitlines()[-1]
-    assert "10.0 [9.0–12.0]" in line and "5.0 [4.0–7.0]" in line and line.endswith("0.50")
-    report.print_loop_table([record("xla_set", 10.0, correct=False), record("ours_set", 5.0)],
-                            "t")
-    assert capsys.readouterr().out.splitlines()[-1].endswith("n/a (incorrect)")
+    assert report.format_count(1 << 20) == "1M" and report.format_count(300) == "300"

@@ -1,6 +1,6 @@
 """CPU tests of ``python -m benchmarks.loop``: the grid and the write patterns.
 
-The loop runs as CI would run it (a subprocess, ``--cpu``): every (case,
+The loop runs as CI would run it (a subprocess, ``--quick`` on CPU): every (case,
 provider, backend) must be recorded, checked against the numpy replay and
 timed (in rounds: ``rounds`` on every record); a provider broken on purpose
 must be caught and fail the run. The write patterns (ring insert, KV-cache
@@ -8,8 +8,7 @@ write, per-sequence decode write) go through the index grammar of
 ``pallas_pinned.at``, and one pattern case is timed in-process to see its
 providers interleaved. The grid's interleaved timing, the measured floor
 (``floor_launch``) and the read-after-write providers are tested in-process
-in ``test_benchmarks_loop_grid.py``; the backend table derived from a run, in
-``test_choose_backends.py``.
+in ``test_benchmarks_loop_grid.py``.
 """
 
 import argparse
@@ -20,15 +19,7 @@ import numpy as np
 import pytest
 
 import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
-from benchmarks import (
-    choose_backends,
-    environment,
-    loop,
-    loop_floor,
-    loop_patterns,
-    scan_runner,
-    verdict,
-)
+from benchmarks import environment, loop, loop_patterns, loop_steps, scan_runner
 from benchmarks.loop_steps import PROVIDER_NAMES
 from pallas_pinned import testing
 from tests.benchmark_helpers import explain, run_cli
@@ -69,13 +60,10 @@ BROKEN = ("ours_set_unique", "ours_get", "ours_kv", "ours_add_read", "ours_set_r
 
 @pytest.fixture(scope="module")
 def loop_run(tmp_path_factory):
-    """One CPU run: one grid case (the default CPU grid's three cost three times the
-    compilations), every write pattern, pallas rows (skipped without a GPU)."""
+    """The CPU quick run (one grid case, every write pattern), with pallas rows (skipped
+    without a GPU) and fewer steps and runs than its defaults."""
     out = tmp_path_factory.mktemp("loop")
-    patterns = ",".join(loop_patterns.PATTERN_OPS)
-    argv = ["--cpu", "--out", str(out), "--steps", "6", "--runs", "2",
-            "--rows", str(GRID_CASE.rows), "--row-bytes", str(GRID_CASE.row_bytes),
-            "--patterns", patterns, "--backends", "pallas",
+    argv = ["--quick", "--out", str(out), "--steps", "6", "--runs", "2", "--backends", "pallas",
             "--xla-option", "xla_gpu_graph_min_graph_size=1"]
     done = run_cli([], code=_LOOP.format(argv=argv))
     assert done.returncode == 1, explain(done)  # the broken providers fail the run
@@ -93,15 +81,42 @@ def _expected_rows(backends: tuple[str, ...]) -> set[tuple[str, str]]:
     return expected | {(p, b) for p in ours for b in ("auto", *backends)}
 
 
-def test_loop_prints_its_floor_note_and_verdict_against_xla(loop_run):
+def test_loop_prints_its_floor_note_and_the_bars_against_xla(loop_run):
     out, stdout = loop_run
     lines = stdout.splitlines()
-    assert loop_floor.FLOOR_NOTE in lines
-    verdict_at = lines.index(loop_floor.FLOOR_NOTE) + 1
-    # The same lines as `python -m benchmarks.verdict` on the run's loop.json.
-    want = verdict.verdict_lines(_loop(out)["records"])
-    assert want[0].startswith("auto against XLA: slower by the median in ")
-    assert lines[verdict_at:verdict_at + len(want)] == want
+    assert loop_steps.FLOOR_NOTE in lines
+    at = lines.index(loop_steps.FLOOR_NOTE) + 1
+    want = loop.bar_lines(_loop(out)["records"])
+    # The grid case has four pairs; the broken ours_set_unique and ours_get give no ratio.
+    assert want[0].startswith("auto against XLA, same semantics: ") and " of 2 pairs" in want[0]
+    assert lines[at:at + len(want)] == want
+
+
+def test_the_loop_table_prints_the_spread_and_no_ratio_against_a_wrong_row(capsys):
+    def record(provider, us, correct=True):
+        return {"case": "c", "provider": provider, "backend": "-" if provider != "ours_set"
+                else "auto", "op": "set", "rows": 8, "row_bytes": 64, "dtype": "float32",
+                "status": "ok", "correct": correct, "us_per_step": us, "us_min": us - 1,
+                "us_max": us + 2, "op_cost_us": None, "kernels_per_step": 1}
+
+    loop.print_table([record("xla_set", 10.0), record("ours_set", 5.0)], "t")
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "10.0 [9.0–12.0]" in line and "5.0 [4.0–7.0]" in line and line.endswith("0.50")
+    loop.print_table([record("xla_set", 10.0, correct=False), record("ours_set", 5.0)], "t")
+    assert capsys.readouterr().out.splitlines()[-1].endswith("n/a (incorrect)")
+
+
+def test_the_bars_name_each_pair_over_its_bar():
+    def record(provider, us):
+        return {"case": "c", "provider": provider, "backend": "auto" if provider[0] == "o"
+                else "-", "us_per_step": us, "correct": True}
+
+    found = [record("xla_set", 10.0), record("ours_set_unique", 11.5), record("xla_add", 10.0),
+             record("ours_add", 14.0), record("ours_add_unique", 10.0), record("xla_get", 5.0),
+             record("ours_get", 5.0)]
+    lines = loop.bar_lines(found)
+    assert lines[0].startswith("auto against XLA, same semantics: 3 of 4 pairs")
+    assert len(lines) == 2 and "set, promised distinct" in lines[1] and "1.15x" in lines[1]
 
 
 def test_loop_records_every_provider(loop_run):
@@ -130,6 +145,7 @@ def test_loop_records_are_checked_and_consistent(loop_run):
         assert r["op_cost_us"] == pytest.approx(r["us_per_step"] - base["us_per_step"])
     meta = _loop(out)["meta"]
     assert meta["jax"] and meta["jaxlib"] and meta["date_utc"] and meta["steps"] == 6
+    assert meta["grid"] == "cpu_quick"
 
 
 def test_loop_compiles_every_scan_with_the_xla_options_it_records(loop_run, monkeypatch):
@@ -216,8 +232,8 @@ def test_every_pattern_case_has_a_name_of_its_own():
         assert len(set(names)) == len(names), names
 
 
-def test_loop_gpu_plan_runs_the_targets_first_within_budget():
-    args = loop.parse_args(["--cpu"])
+def test_loop_gpu_plans_run_the_targets_first():
+    args = loop.parse_args([])
     args.steps = args.runs = args.buffer_gib = args.time_budget_s = None
     loop.with_defaults(args, gpu=True)
     grid, plan, _ = loop.plan_cases(args)
@@ -225,20 +241,8 @@ def test_loop_gpu_plan_runs_the_targets_first_within_budget():
     assert args.steps == 200 and args.buffer_bytes == 1 << 30 and args.time_budget_s == 240
     planned_ops = [c.op for c in loop.planned_patterns(args)]
     assert list(dict.fromkeys(planned_ops)) == list(loop_patterns.PATTERN_OPS)
-    cumulative = loop.estimate_seconds(args, plan)
-    assert cumulative[len(testing.LOOP_TARGETS) - 1] < 0.5 * args.time_budget_s
-
-
-# ---------------------------------------------------------------------------
-# choose_backends (the rule itself: tests/test_choose_backends.py)
-
-
-def test_the_loop_run_feeds_choose_backends_gather_rows(loop_run):
-    # On CPU only backend "auto" runs, so nothing is chosen; the rows the
-    # table reads for gather exist under the names it looks for.
-    out, _ = loop_run
-    providers = {r["provider"] for r in _loop(out)["records"]}
-    assert set(choose_backends.PROVIDERS) <= providers
+    args.quick = True
+    assert loop.plan_cases(args)[:2] == ("quick", list(testing.LOOP_TARGETS))
 
 
 # ---------------------------------------------------------------------------
@@ -260,15 +264,16 @@ def test_every_grid_record_carries_the_floor_of_its_case(loop_run):
         transfer_us = passes[r["op"]] * GRID_CASE.rows * GRID_CASE.row_bytes / 52e9 * 1e6
         assert r["pcie_us"] == pytest.approx(transfer_us), r
         assert r["kernel_floor_us"] == pytest.approx(floor["us_per_step"] + transfer_us), r
-    assert _loop(out)["meta"]["pcie_bytes_per_s"] == loop_floor.PCIE_BYTES_PER_S == 52e9
+    assert _loop(out)["meta"]["pcie_bytes_per_s"] == loop_steps.PCIE_BYTES_PER_S == 52e9
 
 
-def test_the_default_cpu_plan_is_the_cpu_grid_and_every_pattern():
-    args = loop.parse_args(["--cpu"])
+def test_the_cpu_plans_are_the_cpu_grid_and_every_pattern():
+    args = loop.parse_args([])
     grid, plan, _ = loop.plan_cases(args)
     assert grid == "cpu" and plan == list(testing.LOOP_CPU_CASES)
     assert loop.planned_patterns(args) == list(loop_patterns.CPU_PATTERNS)
-    custom = loop.parse_args(["--cpu", "--rows", "16"])
+    assert loop.plan_cases(loop.parse_args(["--quick"]))[:2] == ("cpu_quick", [GRID_CASE])
+    custom = loop.parse_args(["--rows", "16"])
     assert loop.planned_patterns(custom) == []  # a custom grid runs no pattern unless asked
 
 
@@ -297,7 +302,7 @@ def test_a_pattern_case_is_timed_interleaved_in_rounds(monkeypatch):
         return right(buf, scan, repeats, warmup)
 
     monkeypatch.setattr(scan_runner, "call_scan", logged)
-    args = loop.parse_args(["--cpu", "--steps", "4", "--runs", "4", "--warmup", "1"])
+    args = loop.parse_args(["--steps", "4", "--runs", "4", "--warmup", "1"])
     args.rounds = 2
     case = next(c for c in loop_patterns.CPU_PATTERNS if c.op == "block")
     progress = type("Quiet", (), {"step": lambda self, label: None})()
@@ -323,7 +328,7 @@ def test_a_write_pattern_that_writes_nothing_fails_its_check(monkeypatch):
     # ours_block runs right after xla_block on the same buffer: with the same values
     # for both, a block insert that wrote nothing passed (scan_runner.own_updates).
     monkeypatch.setattr(loop_patterns, "_ours", lambda op, n, backend, x, where, values: x)
-    args = loop.parse_args(["--cpu", "--steps", "4", "--runs", "1", "--warmup", "0"])
+    args = loop.parse_args(["--steps", "4", "--runs", "1", "--warmup", "0"])
     case = next(c for c in loop_patterns.CPU_PATTERNS if c.op == "block")
     progress = type("Quiet", (), {"step": lambda self, label: None})()
     records = loop_patterns.run_pattern_case(args, scan_runner.PinnedBuffer(args.seed), case,

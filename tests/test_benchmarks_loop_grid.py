@@ -5,27 +5,23 @@ timed interleaved in ``--rounds`` rounds with the order rotated per round (as
 the write patterns are): a provider timed alone would take the machine's drift
 alone. A scan slower than ``--max-run-s`` is timed once without warm-up, and a
 case past ``--time-budget-s`` is skipped whole. The measured floor
-(``floor_launch``, ``benchmarks/loop_floor.py``) and the read-after-write
+(``floor_launch``, ``benchmarks/loop_steps.py``) and the read-after-write
 providers run on small buffers, against the numpy oracles. The CLI run of the
 grid is in ``test_benchmarks_loop.py``.
 """
 
 import json
-import shutil
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import pallas_pinned
 import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
 from benchmarks import checks, loop, loop_steps, scan_runner
 from benchmarks.loop_steps import PROVIDER_NAMES, PROVIDERS
 from pallas_pinned import testing
-from pallas_pinned._registry import TABLE_ENV
 
 # ---------------------------------------------------------------------------
 # Interleaved timing
@@ -54,7 +50,7 @@ def _grid_case(monkeypatch, *flags: str, started: float | None = None):
 
     monkeypatch.setattr(loop, "check_scan", check)
     monkeypatch.setattr(scan_runner, "call_scan", call)
-    args = loop.parse_args(["--cpu", "--steps", "4", "--runs", "4", "--warmup", "1",
+    args = loop.parse_args(["--steps", "4", "--runs", "4", "--warmup", "1",
                             "--rounds", "2", "--providers", ",".join(GRID_ROWS[1:]), *flags])
     records = loop.run_case(args, scan_runner.PinnedBuffer(args.seed), testing.LoopCase(8, 64),
                             time.monotonic() if started is None else started, _Quiet())
@@ -102,24 +98,6 @@ def test_a_grid_case_past_the_time_budget_is_skipped_whole(monkeypatch):
         assert r["runs"] == 0 and r["us_per_step"] is None, r
 
 
-@pytest.mark.parametrize("custom", [False, True], ids=["shipped", "custom"])
-def test_the_run_records_the_backend_table_auto_followed(custom, tmp_path, monkeypatch, capsys):
-    # A copy of the shipped table: were auto to consult it, it would choose the same.
-    table = tmp_path / "table.json"
-    shutil.copy(Path(pallas_pinned.__file__).with_name("backend_table.json"), table)
-    if custom:
-        monkeypatch.setenv(TABLE_ENV, str(table))
-    else:
-        monkeypatch.delenv(TABLE_ENV, raising=False)
-    out = tmp_path / "out"
-    assert loop.main(["--cpu", "--providers", "baseline", "--rows", "8", "--row-bytes", "64",
-                      "--steps", "2", "--runs", "1", "--no-plots", "--out", str(out)]) == 0
-    meta = json.loads((out / "loop.json").read_text())["meta"]
-    assert meta["backend_table"] == (str(table) if custom else "shipped")
-    header = f"backend 'auto' follows ${TABLE_ENV}={table}, not the shipped table"
-    assert (header in capsys.readouterr().out) is custom
-
-
 # ---------------------------------------------------------------------------
 # The measured floor (floor_launch, PCIe) and reading back what was written
 
@@ -132,8 +110,8 @@ BUFFERS = pytest.mark.parametrize("case", [testing.LoopCase(8, 4), testing.LoopC
 def test_the_new_providers_run_by_default_and_can_be_picked():
     assert {"floor_launch", "xla_add_read", "ours_add_read", "xla_set_read",
             "ours_set_read"} <= set(PROVIDER_NAMES)
-    assert loop.parse_args(["--cpu"]).providers == PROVIDER_NAMES
-    args = loop.parse_args(["--cpu", "--providers", "floor_launch,ours_add_read,xla_set_read,"
+    assert loop.parse_args([]).providers == PROVIDER_NAMES
+    args = loop.parse_args(["--providers", "floor_launch,ours_add_read,xla_set_read,"
                             "ours_set_read", "--backends", "interpret"])
     assert [(p.name, b) for p, b in loop.pairs(args)] == [
         ("baseline", "-"), ("floor_launch", "-"), ("ours_add_read", "auto"),
@@ -240,7 +218,7 @@ def test_materialized_inputs_change_what_fuses_not_what_is_written(name, backend
 
 def test_the_inputs_flag_is_recorded_and_named_in_the_table(tmp_path, capsys):
     assert loop.parse_args([]).inputs == "fused"
-    assert loop.main(["--cpu", "--rows", "8", "--row-bytes", "64", "--steps", "2", "--runs", "1",
+    assert loop.main(["--rows", "8", "--row-bytes", "64", "--steps", "2", "--runs", "1",
                       "--rounds", "1", "--providers", "xla_set", "--inputs", "materialized",
                       "--no-plots", "--out", str(tmp_path)]) == 0
     meta = json.loads((tmp_path / "loop.json").read_text())["meta"]
@@ -297,18 +275,19 @@ def test_the_time_budget_s_cut_is_reported_and_fewer_runs_are_named(monkeypatch,
     assert loop.exit_status(records) == 0  # the caller's budget, not a failure
     assert "INCOMPLETE: the time budget left out 4 of 4 rows, in 1 cases: 8x64B-float32" in (
         capsys.readouterr().out)
-    args = loop.parse_args(["--cpu", "--runs", "4", "--max-run-s", "0"])
-    assert loop.fewer_runs(args, [{"runs": 4}, {"runs": 1}, {"runs": None}]) == (
-        " (1 rows fewer: timed once, without warm-up, being slower than --max-run-s 0 s; "
-        "their records say runs 1)")
-    assert loop.fewer_runs(args, [{"runs": 4}]) == ""
+    args = loop.parse_args(["--runs", "4", "--max-run-s", "0"])
+    found = [{"runs": 4, "status": "ok"}, {"runs": 1, "status": "ok"},
+             {"runs": None, "status": "ok"}, {"runs": 0, "status": "skipped: x"}]
+    assert loop.fewer_runs(args, found) == (
+        " (1 rows timed once, without warm-up, being slower than --max-run-s 0 s)")
+    assert loop.fewer_runs(args, found[:1]) == ""
 
 
 def test_a_bfloat16_add_passes_whether_its_update_was_rounded_or_not(tmp_path):
     # XLA on CPU keeps base + t in float32 where it feeds our add's float32 accumulator
     # (and rounds it before its own add): either replay may hold per element, and the
     # CPU grid's bfloat16 case failed every one of our adds under one replay alone.
-    assert loop.main(["--cpu", "--dtypes", "bfloat16", "--rows", "16", "--row-bytes", "256",
+    assert loop.main(["--dtypes", "bfloat16", "--rows", "16", "--row-bytes", "256",
                       "--steps", "6", "--runs", "1", "--rounds", "1", "--patterns", "none",
                       "--providers", "xla_add,ours_add,ours_add_read,ours_add_unique",
                       "--no-plots", "--out", str(tmp_path)]) == 0
