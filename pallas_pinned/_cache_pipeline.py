@@ -1,5 +1,6 @@
-"""The cached table's training pipeline: :func:`scan` runs a step over batches in one
-``lax.scan``, reading the next batch's cold rows while this batch computes."""
+"""The cached table's training pipeline: :func:`scan` runs a step over batches of one
+or many caches in one ``lax.scan``, reading the next batch's cold rows while this batch
+computes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_pinned import _cache_ops as ops
-from pallas_pinned._cache_state import CachedTable, check_cache, check_ids, check_updates
+from pallas_pinned._cache_state import check_ids, flatten_caches, match, narrow_ids
 
 
 class Rows(NamedTuple):
@@ -31,20 +32,29 @@ class Rows(NamedTuple):
     valid: jax.Array
 
     def per_entry(self, table: int = 0) -> jax.Array:
-        """Each entry's row of ``tables[table]``: ``values[table][inverse]``, ``(B, ...)``."""
+        """Each entry's row of ``tables[table]``: ``values[table][inverse]``, ``(B, ...)``.
+        Differentiate with respect to this, not ``values``, and hand back ``Grads``: the
+        library then sums a row's gradients in a fixed order (``jax.grad`` through the
+        gather would sum them with a scatter-add, in an order XLA does not promise)."""
         return self.values[table][self.inverse]
 
 
-def scan(step: Callable, cache: CachedTable, carry: Any, ids: Any, xs: Any = None, *,
+def scan(step: Callable, caches: Any, carry: Any, ids: Any, xs: Any = None, *,
          prefetch: bool = True, _patch_staged: bool = True):
-    """``(cache, carry, ys)``: ``step`` over ``ids.shape[0]`` batches in one ``lax.scan``.
+    """``(caches, carry, ys)``: ``step`` over ``steps`` batches in one ``lax.scan``.
 
-    ``step(carry, rows, x) -> (carry, deltas, y)``: ``rows`` is a :class:`Rows`, the
-    batch's distinct rows; ``deltas`` is added to them (``(B, ...)``, rows as ``rows.values``:
-    one array for the table, or a tuple with one entry per table, None for unchanged). The
-    new rows are written where they live: cached ones in the cache (dirty), the others set
-    in the pinned tables (``scatter_to_host``, each distinct row once). ``x`` and ``y`` as in
-    ``lax.scan`` (``x`` None when ``xs`` is None).
+    ``caches``: one cache, or a tuple or dict of them (each its own rows, width, dtype,
+    cache size and optimizer); ``ids`` the same structure, one ``(steps, batch)`` integer
+    array per cache (batches may differ in width; ``steps`` may not).
+
+    ``step(carry, rows, x) -> (carry, update, y)``: ``rows`` is a :class:`Rows` per cache
+    (in the structure of ``caches``), ``update`` one per cache, of one kind:
+    ``Grads(g)``, the per-entry gradients ``(B, ...)`` with respect to
+    ``rows.per_entry()``, summed per distinct row in a fixed order and applied by the
+    table's optimizer; ``Deltas(d)``, added to the distinct rows (``rows.values``' order);
+    or None. The new rows are written where they live: cached ones in the cache (dirty),
+    the others set in the pinned tables (each distinct row once). ``x`` and ``y`` as in
+    ``lax.scan`` (``x`` None when ``xs`` is None). One compiled program for all caches.
 
     With ``prefetch`` (the default) the next batch's cold rows are read from the pinned
     tables (``gather_from_host``) while this batch computes: the read does not depend on
@@ -56,33 +66,44 @@ def scan(step: Callable, cache: CachedTable, carry: Any, ids: Any, xs: Any = Non
 
     The cached ids do not change within a scan: refresh between scans (e.g. a scan of a
     refresh interval's steps, then :func:`refresh`). Lookups are counted as by
-    :func:`lookup`. Every batch is ``ids.shape[1]`` ids.
+    :func:`lookup`.
     """
-    check_cache(cache, "scan")
+    leaves, treedef = flatten_caches(caches, "scan")
     if not callable(step):
         raise TypeError(f"scan: step must be callable, got {type(step).__name__}")
-    ids = check_ids(ids, 2, "scan", cache)
-    if ids.shape[0] < 1:
-        raise ValueError("scan: ids must hold at least one batch, got shape "
-                         f"{tuple(ids.shape)}")
-    return _scan(step, cache, carry, ids, xs, bool(prefetch), bool(_patch_staged))
+    ids = [check_ids(i, 2, "scan", c) for i, c in zip(match(treedef, ids, "scan", "ids"),
+                                                       leaves, strict=True)]
+    steps = {int(i.shape[0]) for i in ids}
+    if len(steps) != 1 or min(steps) < 1:
+        raise ValueError("scan: ids must hold the same number of batches (at least one) for "
+                         f"every cache, got shapes {[tuple(i.shape) for i in ids]}")
+    out, carry, ys = _scan(step, treedef, leaves, carry, ids, xs, bool(prefetch),
+                           bool(_patch_staged))
+    return treedef.unflatten(out), carry, ys
 
 
-def _apply(step: Callable, cache: CachedTable, carry: Any, batch: ops.Plan, cold: tuple,
-           x: Any):
-    """One step on its planned batch: assemble, compute, write. Also each table's rows of
-    the batch as written (as read where the step left the table unchanged)."""
-    values = ops.assemble(cache, batch.keys, cold)
-    valid = batch.keys < cache.num_rows + cache.cache_size
-    carry, deltas, y = step(carry, Rows(values, batch.inverse, valid), x)
-    deltas = check_updates(deltas, cache, batch.keys.shape[0], "scan's step", "deltas")
-    new = tuple(None if d is None else (v + d.astype(v.dtype)).astype(v.dtype)
-                for v, d in zip(values, deltas, strict=True))
-    # Each key is distinct, a cached one stands for its slot and a cold one for its row.
-    _, slot = ops.slots(cache, batch.keys)
-    cache = ops.store(ops.observe(cache, batch), slot, batch.keys, new, **ops.DISTINCT)
-    return cache, carry, y, tuple(v if w is None else w for v, w in zip(values, new,
-                                                                        strict=True))
+def _apply(step: Callable, treedef: Any, caches: list, carry: Any, batches: list,
+           colds: list, x: Any):
+    """One step on its planned batches: assemble, compute, write. Also each cache's rows
+    of the batch as written (as read where the step left a table unchanged)."""
+    values = [ops.assemble(c, b.keys, cold) for c, b, cold in zip(caches, batches, colds,
+                                                                   strict=True)]
+    rows = [Rows(v, b.inverse, b.keys < c.num_rows + c.cache_size)
+            for c, b, v in zip(caches, batches, values, strict=True)]
+    out = step(carry, treedef.unflatten(rows), x)
+    if not (isinstance(out, tuple) and len(out) == 3):
+        got = f"{len(out)} values" if isinstance(out, tuple | list) else type(out).__name__
+        raise TypeError("scan: step(carry, rows, x) must return (carry, update, y), update "
+                        "a cached_table.Grads or Deltas (one per cache) or None; it "
+                        f"returned {got}")
+    carry, updates, y = out
+    updates = match(treedef, updates, "scan's step", "the update")
+    written, done = [], []
+    for c, b, v, u in zip(caches, batches, values, updates, strict=True):
+        new = ops.new_rows(c, b, v, u, "scan's step")
+        written.append(ops.write(ops.observe(c, b), b, new))
+        done.append(tuple(old if w is None else w for old, w in zip(v, new, strict=True)))
+    return written, carry, y, done
 
 
 def _patch(keys: jax.Array, new: tuple, next_keys: jax.Array, staged: tuple,
@@ -95,38 +116,49 @@ def _patch(keys: jax.Array, new: tuple, next_keys: jax.Array, staged: tuple,
                                                                            strict=True))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5, 6), donate_argnums=(1,))
-def _scan(step, cache, carry, ids, xs, prefetch: bool, patch: bool):
+def _plans(caches: list, ids: list) -> list:
+    return [ops.plan(c, i) for c, i in zip(caches, ids, strict=True)]
+
+
+def _reads(caches: list, batches: list) -> list:
+    return [ops.read_cold(c.tables, b.keys) for c, b in zip(caches, batches, strict=True)]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 6, 7), donate_argnums=(2,))
+def _scan(step, treedef, caches, carry, ids, xs, prefetch: bool, patch: bool):
+    ids = [narrow_ids(i, c.num_rows) for c, i in zip(caches, ids, strict=True)]
     if not prefetch:
         def body(state, inp):
-            cache, carry = state
+            caches, carry = state
             batch_ids, x = inp
-            batch = ops.plan(cache, batch_ids)
-            cold = ops.read_cold(cache.tables, batch.keys)
-            cache, carry, y, _ = _apply(step, cache, carry, batch, cold, x)
-            return (cache, carry), y
+            batches = _plans(caches, batch_ids)
+            caches, carry, y, _ = _apply(step, treedef, caches, carry, batches,
+                                         _reads(caches, batches), x)
+            return (caches, carry), y
 
-        (cache, carry), ys = lax.scan(body, (cache, carry), (ids, xs))
-        return cache, carry, ys
+        (caches, carry), ys = lax.scan(body, (caches, carry), (ids, xs))
+        return caches, carry, ys
 
-    first = ops.plan(cache, ids[0])
-    staged = ops.read_cold(cache.tables, first.keys)
-    upcoming = jnp.concatenate([ids[1:], ids[-1:]])  # the last step's prefetch goes unused
+    first = _plans(caches, [i[0] for i in ids])
+    staged = _reads(caches, first)
+    # The last step's prefetch goes unused.
+    upcoming = [jnp.concatenate([i[1:], i[-1:]]) for i in ids]
 
     def body(state, inp):
-        cache, carry, batch, cold = state
+        caches, carry, batches, colds = state
         next_ids, x = inp
-        next_batch = ops.plan(cache, next_ids)
-        staged = ops.read_cold(cache.tables, next_batch.keys)
-        # The next batch's read happens before this step writes the pinned tables: it does
-        # not wait for this step's compute, and the write does not copy the tables to keep
-        # the old rows alive for it.
-        staged, tables = lax.optimization_barrier((staged, cache.tables))
-        cache = cache.replace(tables=tables)
-        cache, carry, y, new = _apply(step, cache, carry, batch, cold, x)
+        next_batches = _plans(caches, next_ids)
+        staged = _reads(caches, next_batches)
+        # The next batch's reads happen before this step writes the pinned tables: they do
+        # not wait for this step's compute, and the writes do not copy the tables to keep
+        # the old rows alive for them.
+        staged, tables = lax.optimization_barrier((staged, [c.tables for c in caches]))
+        caches = [c.replace(tables=t) for c, t in zip(caches, tables, strict=True)]
+        caches, carry, y, new = _apply(step, treedef, caches, carry, batches, colds, x)
         if patch:
-            staged = _patch(batch.keys, new, next_batch.keys, staged, cache.num_rows)
-        return (cache, carry, next_batch, staged), y
+            staged = [_patch(b.keys, w, nb.keys, s, c.num_rows) for b, w, nb, s, c in
+                      zip(batches, new, next_batches, staged, caches, strict=True)]
+        return (caches, carry, next_batches, staged), y
 
-    (cache, carry, _, _), ys = lax.scan(body, (cache, carry, first, staged), (upcoming, xs))
-    return cache, carry, ys
+    (caches, carry, _, _), ys = lax.scan(body, (caches, carry, first, staged), (upcoming, xs))
+    return caches, carry, ys

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_pinned._cache_ops import DISTINCT, read_cold
-from pallas_pinned._cache_state import CachedTable, check_cache
+from pallas_pinned._cache_state import CachedTable, flatten_caches
 from pallas_pinned.scatter import scatter_to_host
 
 
@@ -62,8 +62,9 @@ def _write_back(cache: CachedTable, mask: jax.Array) -> tuple[tuple, jax.Array]:
     return tables, count
 
 
-def refresh(cache: CachedTable) -> CachedTable:
-    """Caches the ids the policy ranks highest among those seen (or cached).
+def refresh(caches):
+    """Caches the ids the policy ranks highest among those seen (or cached); for a tuple
+    or dict of caches, in each of them (one compiled program).
 
     ``"lfu"``: the most looked-up since the counts last halved; ``"lru"``: the most recently
     looked-up. Ties keep the ids already cached, then take the smaller id. Ids that leave
@@ -72,11 +73,15 @@ def refresh(cache: CachedTable) -> CachedTable:
     counts halve afterwards. Cost: a few passes over the ``(N,)`` arrays, plus the rows
     that move.
     """
-    check_cache(cache, "refresh")
-    return _refresh(cache)
+    leaves, treedef = flatten_caches(caches, "refresh")
+    return treedef.unflatten(_refresh_all(leaves))
 
 
 @functools.partial(jax.jit, donate_argnums=0)
+def _refresh_all(caches: list) -> list:
+    return [_refresh(c) for c in caches]
+
+
 def _refresh(cache: CachedTable) -> CachedTable:
     n, c = cache.num_rows, cache.cache_size
     cached = cache.slot_of >= 0
@@ -109,15 +114,20 @@ def _refresh(cache: CachedTable) -> CachedTable:
                          dirty=cache.dirty & ~free, score=score, stats=stats)
 
 
-def flush(cache: CachedTable) -> CachedTable:
+def flush(caches):
     """Writes every dirty cached row back to the pinned tables (``scatter_to_host``); the
-    cache keeps its rows, now clean. Afterwards ``cache.tables`` hold every update: flush
-    before a checkpoint (save ``cache.tables``) or before reading ``cache.table``."""
-    check_cache(cache, "flush")
-    return _flush(cache)
+    cache keeps its rows, now clean. Afterwards ``cache.tables`` hold every update (the
+    table, ``cache.state``, the companions): flush before a checkpoint or before reading
+    ``cache.table``. A tuple or dict of caches: each of them."""
+    leaves, treedef = flatten_caches(caches, "flush")
+    return treedef.unflatten(_flush_all(leaves))
 
 
 @functools.partial(jax.jit, donate_argnums=0)
+def _flush_all(caches: list) -> list:
+    return [_flush(c) for c in caches]
+
+
 def _flush(cache: CachedTable) -> CachedTable:
     tables, count = _write_back(cache, _dirty_ids(cache))
     stats = cache.stats._replace(flushed=cache.stats.flushed + count)

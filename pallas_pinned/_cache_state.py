@@ -1,5 +1,5 @@
 """The cached table's state (:class:`CachedTable`, :class:`CacheStats`) and the checks of
-what its entry points are given.
+what its entry points are given (one cache, or a tuple or dict of them).
 
 Shapes, dtypes and placement are static, so every check runs before anything does, under
 ``jit`` too: a refused call raises and consumes nothing.
@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from pallas_pinned._cache_optim import RowOptimizer
 
 POLICIES = ("lfu", "lru")
 INT32_MAX = 2**31 - 1
@@ -36,6 +38,13 @@ class CacheStats(NamedTuple):
     refreshes: jax.Array
     steps: jax.Array  #: lookups and scan steps (LRU's clock)
 
+    @property
+    def hit_rate(self):
+        """``hits / lookups`` (0 before any lookup)."""
+        if isinstance(self.lookups, int):
+            return self.hits / self.lookups if self.lookups else 0.0
+        return jnp.where(self.lookups > 0, self.hits / jnp.maximum(self.lookups, 1), 0.0)
+
     @classmethod
     def zeros(cls) -> CacheStats:
         return cls(*(jnp.zeros((), jnp.int32) for _ in cls._fields))
@@ -44,13 +53,14 @@ class CacheStats(NamedTuple):
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["tables", "rows", "slot_of", "id_of", "dirty", "score",
                                 "stats"],
-                   meta_fields=["policy"])
+                   meta_fields=["policy", "optimizer"])
 @dataclasses.dataclass(frozen=True)
 class CachedTable:
     """A pinned table, its companions and their device cache (a pytree; ``policy`` is static).
 
     Attributes:
-      tables: the pinned tables, ``(N, ...)`` each: ``tables[0]`` the table, then companions.
+      tables: the pinned tables, ``(N, ...)`` each: ``tables[0]`` the table, then the
+        optimizer's state tables, then the user's companions.
       rows: their cached rows, ``(C, ...)`` each, in device memory; slot ``s`` holds id
         ``id_of[s]``.
       slot_of: ``(N,)`` int32, each id's slot or -1.
@@ -60,6 +70,7 @@ class CachedTable:
         the last lookup plus one (``"lru"``); 0 for ids not seen.
       stats: :class:`CacheStats`.
       policy: ``"lfu"`` or ``"lru"``.
+      optimizer: what :class:`Grads` are applied with (static), or None.
     """
 
     tables: tuple[jax.Array, ...]
@@ -70,6 +81,7 @@ class CachedTable:
     score: jax.Array
     stats: CacheStats
     policy: str = "lfu"
+    optimizer: RowOptimizer | None = None
 
     @property
     def table(self) -> jax.Array:
@@ -78,7 +90,17 @@ class CachedTable:
 
     @property
     def companions(self) -> tuple[jax.Array, ...]:
+        """Every table but the table: the optimizer's state, then the user's companions."""
         return self.tables[1:]
+
+    @property
+    def state(self) -> tuple[jax.Array, ...]:
+        """The optimizer's state tables (pinned; up to date after :func:`flush`)."""
+        return self.tables[1:1 + self.num_state]
+
+    @property
+    def num_state(self) -> int:
+        return 0 if self.optimizer is None else len(self.optimizer.state)
 
     @property
     def num_rows(self) -> int:
@@ -144,6 +166,9 @@ def check_cache(cache: Any, where: str) -> None:
         raise TypeError(f"{where} takes the CachedTable made by cached_table.create, got "
                         f"{type(cache).__name__}")
     check_policy(cache.policy)
+    if len(cache.tables) < 1 + cache.num_state:
+        raise ValueError(f"the cache holds {len(cache.tables)} tables, its optimizer needs "
+                         f"1 + {cache.num_state}: make caches with cached_table.create")
     n, c = cache.num_rows, cache.cache_size
     for k, (t, r) in enumerate(zip(cache.tables, cache.rows, strict=True)):
         name = table_name(k)
@@ -162,8 +187,20 @@ def check_cache(cache: Any, where: str) -> None:
                              f"{np.dtype(dtype)}: make caches with cached_table.create")
 
 
-def check_ids(ids: Any, ndim: int, where: str, cache: CachedTable) -> jax.Array:
-    """``ids`` as int32, ``(batch,)`` (``ndim`` 1) or ``(steps, batch)`` (``ndim`` 2)."""
+def narrow_ids(ids: Any, num_rows: int, xp: Any = jnp) -> Any:
+    """``ids`` as int32, -1 where outside ``[0, num_rows)``: compared in the ids' own dtype
+    before the cast, so that ``2**32 + k`` or ``2**31`` never wraps onto a row."""
+    info = np.iinfo(ids.dtype)
+    valid = ids >= 0 if info.min < 0 else xp.ones(ids.shape, bool)
+    if num_rows <= info.max:
+        valid = valid & (ids < xp.asarray(num_rows, ids.dtype))
+    return xp.where(valid, ids.astype(xp.int32), xp.int32(-1))
+
+
+def check_ids(ids: Any, ndim: int, where: str, cache: CachedTable) -> Any:
+    """``ids`` checked: ``(batch,)`` (``ndim`` 1) or ``(steps, batch)`` (``ndim`` 2) integers
+    of any width; host arrays come back narrowed (:func:`narrow_ids`), the others as they
+    are (the jitted entry points narrow them)."""
     if isinstance(ids, list | tuple):
         ids = np.asarray(ids)
     if not hasattr(ids, "dtype") or not hasattr(ids, "shape"):
@@ -178,17 +215,44 @@ def check_ids(ids: Any, ndim: int, where: str, cache: CachedTable) -> jax.Array:
                          f"them to {what}")
     if ids.shape[-1] < 1:
         raise ValueError(f"{where}: a batch needs at least one id, got shape {ids.shape}")
+    if isinstance(ids, jax.Array | jax.core.Tracer) and _on_pinned_host(ids):
+        raise ValueError(f"{where}: ids are in pinned_host memory; the cache plans a batch "
+                         "on the device: pass jax.device_put(ids, jax.memory.Space.Device)")
     # A batch's keys and the out-of-range positions that drop its writes are numbered past
     # N + C (_cache_ops): they must stay int32.
     if cache.num_rows + cache.cache_size + 2 * ids.shape[-1] + 1 > INT32_MAX:
         raise ValueError(f"{where}: a table of {cache.num_rows} rows with a cache of "
                          f"{cache.cache_size} and batches of {ids.shape[-1]} ids numbers its "
                          "keys past int32; use smaller batches or a smaller cache")
-    if isinstance(ids, np.ndarray) and ids.dtype.itemsize > 4:
-        # Saturate, so that a value past int32 stays out of range instead of wrapping onto
-        # a row.
-        ids = np.clip(ids, -1, INT32_MAX)
-    return jnp.asarray(ids).astype(jnp.int32)
+    if isinstance(ids, np.ndarray):
+        ids = narrow_ids(ids, cache.num_rows, np)
+    return ids
+
+
+def is_cache(a: Any) -> bool:
+    return isinstance(a, CachedTable)
+
+
+def flatten_caches(caches: Any, where: str) -> tuple[list, Any]:
+    """The caches of ``caches`` (one :class:`CachedTable`, or a tuple, list or dict of them)
+    and their structure; each checked."""
+    leaves, treedef = jax.tree.flatten(caches, is_leaf=is_cache)
+    if not leaves or not all(is_cache(c) for c in leaves):
+        raise TypeError(f"{where} takes the CachedTable made by cached_table.create, or a "
+                        f"tuple or dict of them, got {type(caches).__name__}")
+    for c in leaves:
+        check_cache(c, where)
+    return leaves, treedef
+
+
+def match(treedef: Any, tree: Any, where: str, what: str) -> list:
+    """``tree``'s entries, one per cache of ``treedef`` (same tuple, list or dict)."""
+    try:
+        return treedef.flatten_up_to(tree)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {what} must match the caches: one entry per cache, in "
+                         f"the same tuple or dict ({treedef}), got {type(tree).__name__}"
+                         ) from err
 
 
 def check_updates(updates: Any, cache: CachedTable, batch: int, where: str,
@@ -220,3 +284,23 @@ def check_updates(updates: Any, cache: CachedTable, batch: int, where: str,
                             f".astype({t.dtype})")
         out.append(u)
     return tuple(out)
+
+
+def check_grads(grads: Any, cache: CachedTable, batch: int, where: str) -> jax.Array:
+    """The per-entry gradients of a :class:`Grads`, checked against the cache's table."""
+    if cache.optimizer is None:
+        raise ValueError(f"{where}: Grads need the table's optimizer, and this cache has "
+                         "none: create it with optimizer=cached_table.sgd(learning_rate) (or "
+                         "adagrad, rowwise_adagrad, adam, custom_optimizer), or hand back "
+                         "cached_table.Deltas(...) for the distinct rows")
+    if not hasattr(grads, "dtype"):
+        grads = jnp.asarray(grads)
+    _check_alive("the gradients", grads)
+    want = (batch, *cache.table.shape[1:])
+    if tuple(grads.shape) != want:
+        raise ValueError(f"{where}: Grads must be {want}: one gradient per entry of the "
+                         f"batch, aligned with its ids (the gradient of rows.per_entry()), "
+                         f"got {tuple(grads.shape)}")
+    if not jnp.issubdtype(grads.dtype, jnp.inexact):
+        raise TypeError(f"{where}: Grads must be floats, got {grads.dtype}")
+    return grads

@@ -79,7 +79,7 @@ def test_lookup_add_set_match_numpy_with_repeats_companions_and_out_of_range_ids
     assert not np.asarray(cache.dirty).any()
     assert cache.table.sharding.memory_kind == "pinned_host"
     s = ct.stats(cache)
-    assert (s["lookups"], s["hits"], s["misses"], s["flushed"]) == (6 + 7, 4, 9, 3)
+    assert (s.lookups, s.hits, s.misses, s.flushed) == (6 + 7, 4, 9, 3)
     _check_invariants(cache)
 
 
@@ -100,7 +100,7 @@ def test_refresh_lfu_takes_the_most_looked_up_and_lru_the_most_recent_writing_di
         want[expect] += 1
         np.testing.assert_array_equal(_np(cache.table), want)  # written back at eviction
         s = ct.stats(cache)
-        assert (s["evictions"], s["writebacks"], s["loads"]) == (2, 2, 4), policy
+        assert (s.evictions, s.writebacks, s.loads) == (2, 2, 4), policy
         _check_invariants(cache)
 
 
@@ -138,7 +138,7 @@ def test_fuzz_refresh_eviction_and_flush_against_a_numpy_table(policy, seed, ops
 def _sgd(carry, rows, targets):
     grad = jax.grad(lambda v: 0.5 * jnp.mean(jnp.sum((v[rows.inverse] - targets) ** 2, -1)))(
         rows.values[0])
-    return carry + 1, -LR * grad, jnp.sum(rows.valid)
+    return carry + 1, ct.Deltas(-LR * grad), jnp.sum(rows.valid)
 
 
 def _device_training(t0, ids, targets):
@@ -172,7 +172,7 @@ def test_pipelined_training_matches_the_device_table(prefetch, policy):
         cache = ct.refresh(cache)
     assert int(carry) == 12
     s = ct.stats(cache)
-    assert s["hits"] > 0 and s["evictions"] + s["loads"] > 0
+    assert s.hits > 0 and s.evictions + s.loads > 0
     cache = ct.flush(cache)
     np.testing.assert_allclose(_np(cache.table), _device_training(t0, ids, targets), atol=TOL)
 
@@ -221,7 +221,8 @@ def test_refusals_name_the_fix_and_leave_table_and_cache_unchanged():
         (ValueError, "one per table", lambda: ct.add_rows(cache, ids, (None, None))),
         (ValueError, r"\(steps, batch\)", lambda: ct.scan(_sgd, cache, 0, ids, None)),
         (ValueError, "deltas of table must be",
-         lambda: ct.scan(lambda c, r, x: (c, jnp.ones((2, D)), None), cache, 0, ids[None])),
+         lambda: ct.scan(lambda c, r, x: (c, ct.Deltas(jnp.ones((2, D))), None), cache, 0,
+                         ids[None])),
         (TypeError, "CachedTable", lambda: ct.flush(table)),
     ]
     for error, match, call in bad:
@@ -264,8 +265,10 @@ def test_runs_under_a_users_jit_with_the_cache_donated():
 
 def test_the_public_module_keeps_its_surface():
     # The implementation lives in private modules; users import this one module.
-    surface = {"POLICIES", "CacheStats", "CachedTable", "Rows", "add_rows", "create", "flush",
-               "lookup", "refresh", "reset_stats", "scan", "set_rows", "stats"}
+    surface = {"POLICIES", "CacheStats", "CachedTable", "Deltas", "Grads", "RowOptimizer",
+               "Rows", "StateSpec", "adagrad", "adam", "add_rows", "create",
+               "custom_optimizer", "flush", "lookup", "refresh", "reset_stats",
+               "rowwise_adagrad", "scan", "set_rows", "sgd", "stats"}
     assert set(ct.__all__) == surface
     assert all(hasattr(ct, name) for name in surface)
     assert "_patch_staged" in inspect.signature(ct.scan).parameters
