@@ -3,11 +3,11 @@
     python -m benchmarks.training           # on a GPU: the grid below, 1 and 16 GiB tables
     python -m benchmarks.training --quick   # a tiny table, seconds on CPU (a test runs it)
 
-Sparse SGD on an embedding table (float32, ``--dim`` 64): each step gathers the rows of
-``--batch`` Zipf-distributed ids (the popular ids spread over the table by a permutation),
-takes the gradient of ``0.5 * mean_b ||row_b - target_b||^2`` with respect to them and adds
-``-lr * grad`` back (repeated ids add up). ``--steps`` steps run in one jitted ``lax.scan``,
-the state donated. Providers, in one run, from the same table, ids and targets:
+Sparse SGD on a float32 embedding table: each step gathers the rows of ``--batch`` Zipf ids
+(the popular ids spread over the table by a permutation), takes the gradient of
+``0.5 * mean_b ||row_b - target_b||^2`` with respect to them and adds ``-lr * grad`` back.
+``--steps`` steps run in one jitted ``lax.scan``, the state donated. Providers, in one run,
+from the same table, ids and targets:
 
 * ``device``: the table in device memory (``jnp.take``, ``.at[ids].add``): the reference;
 * ``uncached``: ``gather_from_host`` and ``scatter_add_to_host`` on the pinned table;
@@ -17,12 +17,11 @@ the state donated. Providers, in one run, from the same table, ids and targets:
   cached and cold rows alike;
 * ``cached_pipeline``: the same with the prefetch (the next batch's cold rows read while
   this batch computes);
-* ``transfer``: the floor of the cold rows. Each step's distinct cold ids (those the cache
-  held no slot for when that call ran, recorded untimed before each call) read by
-  ``gather_from_host`` and written by ``scatter_to_host``, nothing else, on the same rows
-  of the same calls. Each read row goes to the next one, so a floor that moves nothing fails
-  its check against a numpy replay (bit for bit). Its rows must match the cache's own
-  count of cold rows.
+* ``transfer``: the floor. Each step's distinct cold ids (not cached when that call ran,
+  as recorded untimed before it) read by ``gather_from_host`` and written by
+  ``scatter_to_host``, nothing else. Each read row goes to the next one, so a floor that
+  moves nothing fails its check against a numpy replay; its rows must be as many as the
+  cache counted cold.
 
 The grid: ``--zipf-s`` x ``--table-gib`` (or ``--rows``) x ``--cache-fraction``; ``device``
 and ``uncached`` run once per Zipf exponent and table. Fresh ids by default: the checked,
@@ -452,6 +451,10 @@ def why_not(r: dict | None, name: str) -> str:
     return f"{name} incorrect" if r["correct"] is False else f"{name} unchecked"
 
 
+def _ratio(cell: dict, key: str) -> str:
+    return "n/a" if key not in cell else f"{cell[key]:.2f}"
+
+
 def summarize(records: list[dict], rates: dict, on_gpu: bool) -> dict:
     """Per cell (Zipf exponent, table, cache): ratios of checked times, the bytes floor and,
     on a GPU, the targets' verdicts; each ratio missing says why."""
@@ -485,9 +488,12 @@ def summarize(records: list[dict], rates: dict, on_gpu: bool) -> dict:
                                                                  "transfer") if not us[n])
             lines.append(f"{label}: cached_pipeline / max(device, transfer) n/a ({missing})")
             continue
-        line = (f"{label}: cached_pipeline / max(device, transfer) {pipe:.2f}, / device "
-                f"{cell['cached_pipeline_over_device']:.2f}; transfer {us['transfer']:.1f} us, "
-                f"bytes floor {cell.get('bytes_floor_us', float('nan')):.1f} us a step")
+        ratio = functools.partial(_ratio, cell)
+        line = (f"{label}: / max(device, transfer): cached_pipeline {pipe:.2f}, cached "
+                f"{ratio('cached_over_floor')}; / device: cached_pipeline "
+                f"{ratio('cached_pipeline_over_device')}, cached "
+                f"{ratio('cached_over_device')}; transfer {us['transfer']:.1f} us, bytes floor "
+                f"{cell.get('bytes_floor_us', float('nan')):.1f} us a step")
         if on_gpu:
             line += f" (target <= {FLOOR_TARGET}: {'met' if pipe <= FLOOR_TARGET else 'NOT met'}"
             if (s, fraction) == DEVICE_TARGET_CELL:
@@ -529,20 +535,15 @@ def print_records(records: list[dict]) -> None:
 
 def exit_status(records: list[dict]) -> int:
     """1 on an error, a wrong table, or a table left unchecked."""
-    failed = False
-    for r in records:
+    failed = [r for r in records if r["status"] != "ok" or r["correct"] is False
+              or (r["correct"] is None and r["provider"] != "device")]
+    for r in failed:
         where = f"s={r['zipf_s']:g} rows={r['rows']} cache={r.get('cache_fraction', '-')}"
-        if r["status"] != "ok":
-            print(f"ERROR: {r['provider']} ({where}): {r['error'][:300]}")
-        elif r["correct"] is False:
-            print(f"INCORRECT: {r['provider']} ({where}): max |table - {r['checked_against']}|"
-                  f" {r['max_abs_diff']:.3g} (tolerance {r['tolerance']:.3g}), memory kind "
-                  f"{r['memory_kind']}")
-        elif r["correct"] is None and r["provider"] != "device":
-            print(f"UNCHECKED: {r['provider']} ({where})")
-        else:
-            continue
-        failed = True
+        print(f"ERROR: {r['provider']} ({where}): {r['error'][:300]}" if r["status"] != "ok"
+              else f"UNCHECKED: {r['provider']} ({where})" if r["correct"] is None
+              else f"INCORRECT: {r['provider']} ({where}): max |table - {r['checked_against']}"
+              f"| {r['max_abs_diff']:.3g} (tolerance {r['tolerance']:.3g}), memory kind "
+              f"{r['memory_kind']}")
     return 1 if failed else 0
 
 

@@ -192,7 +192,7 @@ def test_gpu_session_script_parses_and_lists_every_stage():
     stages = {s for group in stages for s in group.split("|")}
     header = re.search(r"^# Stages: (.*)$", text, re.M).group(1)
     assert stages == set(header.split()), (stages, header)
-    assert "sparse" in stages
+    assert "training" in stages
     for stage in stages:  # each stage's time is in the header
         assert re.search(rf"\b{stage} [~<]", text), stage
     # Every stage runs under a timeout.
