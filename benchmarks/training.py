@@ -11,10 +11,11 @@ from the same table, ids and targets:
 
 * ``device``: the table in device memory (``jnp.take``, ``.at[ids].add``): the reference;
 * ``uncached``: ``gather_from_host`` and ``scatter_add_to_host`` on the pinned table;
-* ``cached``: ``pallas_pinned.cached_table.scan`` without prefetch, then one ``refresh``
-  (the refresh interval is the scan's ``--steps``); the cache starts with the busiest ids of
-  the checked call's batches (a lookup of them, then a refresh), so the checked call reads
-  cached and cold rows alike;
+* ``cached``: ``pallas_pinned.cached_table.scan`` without prefetch (the step hands back
+  ``Grads``, the table's ``sgd`` applies them), then one ``refresh`` (the refresh interval
+  is the scan's ``--steps``); the cache starts with the busiest ids of the checked call's
+  batches (a lookup of them, then a refresh), so the checked call reads cached and cold
+  rows alike;
 * ``cached_pipeline``: the same with the prefetch (the next batch's cold rows read while
   this batch computes);
 * ``transfer``: the floor. Each step's distinct cold ids (not cached when that call ran,
@@ -136,15 +137,12 @@ class Provider:
 
 
 @functools.cache
-def cached_train(lr: float, prefetch: bool) -> Callable:
+def cached_train(prefetch: bool) -> Callable:
     """``(cache, ids, targets) -> cache``: the scan through ``pallas_pinned.cached_table``;
-    the step hands back one delta per distinct row of its batch."""
-    # A cached_table without Deltas takes the bare array.
-    wrap = getattr(ct, "Deltas", lambda d: d)
+    the step hands back each entry's gradient, the table's SGD applies them."""
 
     def step(carry, rows, targets):
-        grad = jax.grad(lambda v: _loss(v[rows.inverse], targets))(rows.values[0])
-        return carry, wrap((-lr * grad).astype(rows.values[0].dtype)), None
+        return carry, ct.Grads(jax.grad(_loss)(rows.per_entry(), targets)), None
 
     def train(cache, ids, targets):
         return ct.scan(step, cache, jnp.int32(0), ids, targets, prefetch=prefetch)[0]
@@ -163,14 +161,13 @@ def cached_provider(table, cache_rows: int, policy: str, lr: float, prefetch: bo
         cache = ct.flush(cache)
         return cache, cache.table
 
-    cache = ct.create(table, cache_rows, policy=policy)
+    cache = ct.create(table, cache_rows, optimizer=ct.sgd(lr), policy=policy)
     _, cache = ct.lookup(cache, jnp.ravel(prime_ids))
     cache = ct.reset_stats(ct.refresh(cache))
-    return Provider(cache, _jit(cached_train(lr, prefetch), options),
+    return Provider(cache, _jit(cached_train(prefetch), options),
                     refresh=_jit(ct.refresh, options), checked=flushed,
                     cached_ids=lambda c: np.asarray(c.id_of),
-                    stats=lambda c: {k: int(v) for k, v in c.stats._asdict().items()},
-                    reset=ct.reset_stats)
+                    stats=lambda c: ct.stats(c)._asdict(), reset=ct.reset_stats)
 
 
 # ---------------------------------------------------------------------------
