@@ -18,7 +18,7 @@ import functools
 import jax
 import numpy as np
 
-from pallas_pinned.testing import assert_same, scatter_add_oracle, scatter_oracle
+from pallas_pinned.testing import assert_same, scatter_oracle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,65 +79,6 @@ def check_rows(
         if not any(_equal_bits(after[slot], c) for c in hit_updates[order[lo:hi]]):
             return message
     return None
-
-
-def check_added_rows(
-    before: np.ndarray, after: np.ndarray, hit_slots: np.ndarray, hit_updates: np.ndarray,
-) -> str | None:
-    """Compares sampled rows of an add with ``scatter_add_oracle``; None when they match."""
-    expected = scatter_add_oracle(before, hit_slots, hit_updates)
-    magnitude = scatter_add_oracle(
-        np.abs(before.astype(np.float64)), hit_slots, np.abs(hit_updates.astype(np.float64)))
-    terms = np.bincount(hit_slots, minlength=before.shape[0])
-    return compare_sums(after, expected, magnitude, terms)
-
-
-def compare_sums(
-    after: np.ndarray, expected: np.ndarray, magnitude: np.ndarray, terms: np.ndarray,
-    *, exact: bool = False,
-) -> str | None:
-    """Sums against the oracle's, within their rounding error; None when they match.
-
-    Floating-point sums depend on their order, which the op does not promise,
-    so each element may differ from the oracle by the error bound of its sum:
-    ``(terms + 1) * eps * magnitude``, where ``magnitude`` is the sum of the
-    absolute values summed into it and ``terms[row]`` how many updates the row
-    got. Integers and bool must match exactly. The bound grows with the
-    magnitude, so a missing or doubled update smaller than it passes (in
-    bfloat16 an update of 1 against rows grown to about 1000); ``exact=True``
-    compares bits, for sums with one order only (``expected`` rounded as the op
-    rounds: every row one update per call, as the loop benchmark's steps have).
-    """
-    eps = _float_eps(expected.dtype)
-    if eps is None or exact:  # integers and bool, or one order only: exact
-        try:
-            assert_same(after, expected, what="sampled rows")
-            return None
-        except AssertionError as err:
-            return str(err)
-    if after.shape != expected.shape or after.dtype != expected.dtype:
-        return (f"sampled rows: got {after.dtype}{after.shape}, "
-                f"expected {expected.dtype}{expected.shape}")
-    terms = np.asarray(terms).reshape((-1,) + (1,) * (expected.ndim - 1))
-    bound = (terms + 1) * eps * magnitude
-    error = np.abs(after.astype(np.float64) - expected.astype(np.float64))
-    bad = ~(error <= bound)  # NaN in the result counts as bad
-    if not bad.any():
-        return None
-    rows = np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1))
-    row = rows[0]
-    return (f"sampled rows: {rows.size} of {expected.shape[0]} rows differ beyond rounding; "
-            f"slot {row}: got {after[row].ravel()[:4]!r} want {expected[row].ravel()[:4]!r}")
-
-
-def _float_eps(dtype) -> float | None:
-    """Machine epsilon of a floating dtype (bfloat16 included), None for the rest."""
-    import ml_dtypes
-
-    try:
-        return float(ml_dtypes.finfo(dtype).eps)
-    except ValueError:  # ml_dtypes.finfo's answer for non-float dtypes
-        return None
 
 
 def _differing_slots(a: np.ndarray, b: np.ndarray) -> np.ndarray:

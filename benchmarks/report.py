@@ -51,10 +51,6 @@ def format_bytes(n: int) -> str:
     return f"{n / GIB:g} GiB" if n >= GIB else f"{n / MIB:g} MiB"
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 # ---------------------------------------------------------------------------
 # Files
 
