@@ -1,7 +1,7 @@
 """What the CPU tests of the benchmark package share: running a CLI as CI would, reading records.
 
 Each CLI runs in a subprocess from the repository root with ``JAX_PLATFORMS=cpu``
-(``python -m benchmarks.<name> --cpu ...``, or ``python -c`` for a run with a
+(``python -m benchmarks.<name> --quick ...``, or ``python -c`` for a run with a
 provider broken on purpose), so that the test process's jax setup (two CPU
 devices) never leaks into a benchmark.
 """
