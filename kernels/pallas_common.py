@@ -29,9 +29,11 @@ __all__ = [
     "RowGrid",
     "RowTiling",
     "Tile",
+    "DISTINCT",
     "additive_identity",
     "choose_row_tiling",
     "dest_rows",
+    "duplicates_possible",
     "for_chunks",
     "row_kernel_call",
     "matching_entries",
@@ -45,6 +47,7 @@ __all__ = [
     "skip_row",
     "sum_along",
     "tile_lanes",
+    "when",
 ]
 
 # A tile moves about this many bytes: enough independent stores per program
@@ -173,6 +176,40 @@ def for_chunks(start, stop, num_chunks: int, body, init):
     if num_chunks == 1:
         return body(0, init)
     return lax.fori_loop(start, stop, body, init)
+
+
+# What a one-launch kernel may assume of its raw indices' rows (its ``distinct``): None,
+# they may repeat (it searches); "promised", distinct; "unless_negative", distinct unless
+# some raw index is negative (distinct as written; -1 and n - 1 are one row): it checks.
+DISTINCT = (None, "promised", "unless_negative")
+
+
+def duplicates_possible(indices_ref, num_entries: int, chunk: int, distinct: str | None):
+    """Whether the duplicate search must run: ``True``/``False`` known statically, or a
+    traced scalar, for ``"unless_negative"``: whether some raw index is below zero (one
+    pass over the indices, a chunk at a time)."""
+    if distinct not in DISTINCT:
+        raise ValueError(f"distinct must be one of {DISTINCT}, got {distinct!r}")
+    if distinct is None:
+        return True
+    if distinct == "promised":
+        return False
+    num_chunks = pl.cdiv(num_entries, chunk)
+
+    def lowest(c, low):
+        j = c * chunk + jnp.arange(chunk)
+        raw = plgpu.load(indices_ref.at[j], mask=j < num_entries, other=0)
+        return jnp.minimum(low, jnp.min(raw))
+
+    return for_chunks(0, num_chunks, num_chunks, lowest, jnp.zeros((), indices_ref.dtype)) < 0
+
+
+def when(possible, search, skipped):
+    """``search(skipped)`` if ``possible`` (a Python bool, or a traced scalar: then only
+    the programs that need it run it), else ``skipped``."""
+    if isinstance(possible, bool):
+        return search(skipped) if possible else skipped
+    return lax.cond(possible, search, lambda s: s, skipped)
 
 
 def additive_identity(dtype):

@@ -38,6 +38,7 @@ from .pallas_common import (
     additive_identity,
     choose_row_tiling,
     dest_rows,
+    duplicates_possible,
     for_chunks,
     matching_entries,
     next_pow2,
@@ -46,6 +47,7 @@ from .pallas_common import (
     row_kernel_call,
     sum_along,
     tile_lanes,
+    when,
 )
 
 __all__ = [
@@ -127,7 +129,7 @@ def _any(mask):
 
 def scatter_add_rows_fused_kernel(
     indices_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, search_chunk: int,
-    sum_chunk: int, mode: str | None, combine: bool, acc_dtype, atomic: str | None = None,
+    sum_chunk: int, mode: str | None, distinct: str | None, acc_dtype, atomic: str | None = None,
     interpret_sums: bool = False,
 ):
     """Adds one tile of raw-indexed updates; each row's first entry adds all of that row's.
@@ -150,7 +152,10 @@ def scatter_add_rows_fused_kernel(
     current = read_row(x_out_ref, dest_rows(rows, row_ok, num_rows), cols,
                         row_ok[:, None] & cols_ok, atomic=atomic)
     num_chunks = pl.cdiv(num_entries, search_chunk)
-    if combine:
+
+    def combine(state):
+        _, total = state
+
         def others(j):
             found = matching_entries(
                 indices_ref, j, rows, num_entries=num_entries, num_rows=num_rows, mode=mode
@@ -167,10 +172,10 @@ def scatter_add_rows_fused_kernel(
             0, jnp.minimum(first // search_chunk + 1, num_chunks), num_chunks,
             search_chunk_of, jnp.zeros((grid.block_rows,), jnp.int32),
         )
-        row_ok = row_ok & (earlier == 0)
+        owner = row_ok & (earlier == 0)
 
         def later_of(j):
-            return others(j) & (j[None, :] > k[:, None]) & row_ok[:, None]
+            return others(j) & (j[None, :] > k[:, None]) & owner[:, None]
 
         def add_sub_chunk(start, total):
             j = start + jnp.arange(sum_chunk)
@@ -201,6 +206,12 @@ def scatter_add_rows_fused_kernel(
 
         # Only later entries are summed in: start at this program's own chunk.
         total = for_chunks(first // search_chunk, num_chunks, num_chunks, add_chunk, total)
+        return earlier, total
+
+    # The entries that an earlier one of the same row owns (1), and the owners' totals.
+    possible = duplicates_possible(indices_ref, num_entries, search_chunk, distinct)
+    earlier, total = when(possible, combine, (jnp.zeros((grid.block_rows,), jnp.int32), total))
+    row_ok = row_ok & (earlier == 0)
     # Addressed anew with the owners only: the store's masked lanes must point
     # past the end, not at a row another program writes (dest_rows says why).
     write_total(x_out_ref, dest_rows(rows, row_ok, num_rows), cols, row_ok[:, None] & cols_ok,
@@ -213,7 +224,7 @@ def scatter_add_rows_fused(
     updates: jax.Array,
     *,
     mode: str | None,
-    combine_duplicates: bool,
+    distinct: str | None = None,
     acc_dtype=None,
     tiling: RowTiling | None = None,
     atomic_write: bool = False,
@@ -224,8 +235,9 @@ def scatter_add_rows_fused(
     ``indices`` are the caller's raw ``(n,)`` int32/int64 indices (negative
     ones wrap once; ``num_rows`` must fit their type); ``updates`` ``(n, d)``.
     Sums are formed in ``acc_dtype`` (default ``x.dtype``) and rounded once.
-    Without ``combine_duplicates`` the caller promises distinct rows. The
-    search grows as ``n**2``: small batches only. ``atomic_write``: see the
+    ``distinct`` (:data:`~.pallas_common.DISTINCT`): what the caller promises of the
+    rows; duplicates are searched for and summed where they may repeat. The search
+    grows as ``n**2``: small batches only. ``atomic_write``: see the
     module's doc. Traced inside a ``jit``: the result aliases ``x``.
     """
     acc_dtype = jnp.dtype(x.dtype if acc_dtype is None else acc_dtype)
@@ -235,7 +247,7 @@ def scatter_add_rows_fused(
     sum_chunk = min(search_chunk, max(1, _SUM_ELEMENTS // per_entry))
     body, arrays, params = row_kernel_call(
         scatter_add_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
-        search_chunk=search_chunk, sum_chunk=sum_chunk, mode=mode, combine=combine_duplicates,
+        search_chunk=search_chunk, sum_chunk=sum_chunk, mode=mode, distinct=distinct,
         acc_dtype=acc_dtype, interpret_sums=interpret,
         **_owner_write(x, acc_dtype, atomic_write, interpret),
     )

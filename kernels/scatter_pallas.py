@@ -29,12 +29,14 @@ from .pallas_common import (
     RowTiling,
     choose_row_tiling,
     dest_rows,
+    duplicates_possible,
     for_chunks,
     matching_entries,
     one_launch_tiling,
     raw_entries,
     row_kernel_call,
     tile_lanes,
+    when,
 )
 
 __all__ = [
@@ -85,7 +87,7 @@ def scatter_rows(
 
 def scatter_rows_fused_kernel(
     indices_ref, updates_ref, x_in_ref, x_out_ref, *, grid: RowGrid, chunk: int,
-    mode: str | None, drop_superseded: bool,
+    mode: str | None, distinct: str | None,
 ):
     """Writes one tile of raw-indexed updates; entries superseded later are skipped."""
     del x_in_ref  # Aliased to x_out_ref: the same buffer.
@@ -97,22 +99,22 @@ def scatter_rows_fused_kernel(
     values = plgpu.load(
         updates_ref.at[k[:, None], cols[None, :]], mask=(k < num_updates)[:, None] & cols_ok
     )
-    if drop_superseded:
+    num_chunks = pl.cdiv(num_updates, chunk)
 
-        def search_chunk(c, superseded):
-            j = c * chunk + jnp.arange(chunk)
-            hit = matching_entries(
-                indices_ref, j, rows, num_entries=num_updates, num_rows=num_rows, mode=mode
-            ) & (j[None, :] > k[:, None])
-            return jnp.maximum(superseded, jnp.max(hit.astype(jnp.int32), axis=1))
+    def search_chunk(c, superseded):
+        j = c * chunk + jnp.arange(chunk)
+        hit = matching_entries(
+            indices_ref, j, rows, num_entries=num_updates, num_rows=num_rows, mode=mode
+        ) & (j[None, :] > k[:, None])
+        return jnp.maximum(superseded, jnp.max(hit.astype(jnp.int32), axis=1))
 
+    def search(superseded):
         # Only later entries can supersede: start at this program's own chunk.
-        num_chunks = pl.cdiv(num_updates, chunk)
-        superseded = for_chunks(
-            first // chunk, num_chunks, num_chunks, search_chunk,
-            jnp.zeros((grid.block_rows,), jnp.int32),
-        )
-        row_ok = row_ok & (superseded == 0)
+        return for_chunks(first // chunk, num_chunks, num_chunks, search_chunk, superseded)
+
+    possible = duplicates_possible(indices_ref, num_updates, chunk, distinct)
+    superseded = when(possible, search, jnp.zeros((grid.block_rows,), jnp.int32))
+    row_ok = row_ok & (superseded == 0)
     dest = dest_rows(rows, row_ok, num_rows)
     plgpu.store(x_out_ref.at[dest[:, None], cols[None, :]], values, mask=row_ok[:, None] & cols_ok)
 
@@ -123,7 +125,7 @@ def scatter_rows_fused(
     updates: jax.Array,
     *,
     mode: str | None,
-    drop_superseded: bool,
+    distinct: str | None = None,
     tiling: RowTiling | None = None,
     interpret: bool = False,
 ) -> jax.Array:
@@ -131,14 +133,14 @@ def scatter_rows_fused(
 
     ``indices`` are the caller's raw ``(n,)`` int32/int64 indices (negative
     ones wrap once; ``num_rows`` must fit their type); ``updates`` ``(n, d)``
-    of ``x.dtype``. Without ``drop_superseded`` the caller promises distinct
-    rows. Traced inside a ``jit``: the result aliases ``x``.
+    of ``x.dtype``. ``distinct`` (:data:`~.pallas_common.DISTINCT`): what the caller
+    promises of the rows; the duplicate search runs where they may repeat. Traced
+    inside a ``jit``: the result aliases ``x``.
     """
     tiling, chunk = one_launch_tiling(x.shape, indices, x.dtype.itemsize, tiling)
     body, arrays, params = row_kernel_call(
         scatter_rows_fused_kernel, (indices, updates, x), tiling=tiling, in_place=True,
-        chunk=chunk, mode=mode,
-        drop_superseded=drop_superseded,
+        chunk=chunk, mode=mode, distinct=distinct,
     )
     call = pl.pallas_call(body, name="pallas_pinned_scatter_rows_fused", interpret=interpret,
                           **params)

@@ -32,25 +32,35 @@ def kernels(family: str, *, interpret: bool = False) -> types.SimpleNamespace:
     """The launchers of one kernel family, by op and path (None where the family has none).
 
     ``set``, ``set_fused``, ``add``, ``add_fused``, ``add_sorted``, ``order`` (a stable
-    order of row numbers), ``get``, and
-    ``atomic_write_allowed(dtype, acc_dtype)``: whether the family's adds take
-    ``atomic_write=True`` for such a buffer.
-
-    ``interpret``: the Pallas family run by the Pallas interpreter (any platform).
+    order of row numbers) and ``get``. ``interpret``: the Pallas family run by the Pallas
+    interpreter (any platform). What each family has is also said to ``_registry``
+    (``one_launch``, ``runs``), which plans the paths.
     """
     modules = {op: import_kernel(name) for op, name in _FAMILIES[family].items()}
-    if family == "triton":
-        return types.SimpleNamespace(
-            set=modules["set"].scatter_rows_triton,
-            set_fused=None,
-            add=modules["add"].scatter_add_rows_triton,
-            add_fused=None,
-            add_sorted=None,
-            order=None,
-            get=modules["get"].gather_rows_triton,
-            atomic_write_allowed=lambda dtype, acc_dtype: False,
-        )
-    interpret = {"interpret": True} if interpret else {}
+    return _LAUNCHERS[family](modules, interpret)
+
+
+def _triton(modules, interpret: bool) -> types.SimpleNamespace:
+    del interpret  # Pallas's interpreter runs Pallas kernels only.
+    add = modules["add"].scatter_add_rows_triton
+
+    def add_without_atomics(*args, atomic_write: bool = False, **kwargs):
+        assert not atomic_write, "the raw Triton add has no atomic write"
+        return add(*args, **kwargs)
+
+    return types.SimpleNamespace(
+        set=modules["set"].scatter_rows_triton,
+        set_fused=None,
+        add=add_without_atomics,
+        add_fused=None,
+        add_sorted=None,
+        order=None,
+        get=modules["get"].gather_rows_triton,
+    )
+
+
+def _pallas(modules, interpret: bool) -> types.SimpleNamespace:
+    interpret = {"interpret": interpret}
     return types.SimpleNamespace(
         set=functools.partial(modules["set"].scatter_rows, **interpret),
         set_fused=functools.partial(modules["set"].scatter_rows_fused, **interpret),
@@ -59,5 +69,7 @@ def kernels(family: str, *, interpret: bool = False) -> types.SimpleNamespace:
         add_sorted=functools.partial(modules["add"].scatter_add_sorted_runs, **interpret),
         order=functools.partial(modules["order"].stable_order, **interpret),
         get=functools.partial(modules["get"].gather_rows, **interpret),
-        atomic_write_allowed=modules["add"].atomic_write_allowed,
     )
+
+
+_LAUNCHERS = {"pallas": _pallas, "triton": _triton}

@@ -20,6 +20,7 @@ from pallas_pinned import (
     _local_read,
     _local_write,
     _placement,
+    _registry,
     _rows,
     _sharded,
     _validation,
@@ -78,7 +79,7 @@ def _recheck(x, backend: str) -> None:
     """What a kept signature still checks on every call."""
     _placement.check_buffer_alive(x)
     # Whether a kernel family can run is the registry's answer now, not when kept.
-    _validation.check_kernel_backend(x, backend)
+    _registry.check_available(x, backend)
 
 
 def _checked_write(op, x, index, updates, *, mode, backend, settings):

@@ -26,6 +26,7 @@ from jax import lax
 from pallas_pinned import (
     _block,
     _placement,
+    _read_rows,
     _registry,
     _rows,
     _validation,
@@ -46,26 +47,24 @@ class ReadCall:
     plan: IndexPlan
     mode: str | None
     fill: _validation.StaticScalar
-    ascending: bool
+    promised_sorted: bool  # as written; _registry.choose decides what it skips
     backend: str
     thresholds: tuning.Thresholds
 
     @classmethod
     def of(cls, plan, *, mode, fill, indices_are_sorted, backend):
-        """The call's settings, its index form's own guarantees and the current thresholds."""
+        """The call's settings and the current thresholds."""
         return cls(
             plan=plan,
             mode=mode,
             fill=_validation.StaticScalar(fill),
-            # Under "wrap" sorted indices need not give ascending rows; clamping ("clip",
-            # and the fill modes' skips) keeps them in order.
-            ascending=(bool(indices_are_sorted) and mode != "wrap") or plan.ascending,
+            promised_sorted=bool(indices_are_sorted),
             backend=backend,
             thresholds=tuning.current(),
         )
 
     op = "get"  # What _registry.choose reads of a call.
-    unique = False
+    promised_distinct = False
     one_copy = True  # A block read is one copy in every mode (a fill applies on the device).
 
     @property
@@ -112,15 +111,15 @@ def _read_copy(x, operands, call: ReadCall):
     operands = jax.tree.map(_placement.to_device_memory, operands)
     # Sharded over a mixed mesh's Explicit axes, they are gathered: every entry counts.
     operands = jax.tree.map(functools.partial(_placement.replicated_like, x), operands)
-    impl = _registry.choose(call, x)
-    if impl.block:
+    route = _registry.choose(call, x)
+    if route.path == "block":
         out = _block_op(call)(x, operands)
         return jax.device_put(out, _DEVICE)
     rows = plan.rows(operands, call.mode, read=True)
     row_mode = "drop" if call.fill_mode else "clip"
     rows = _rows.normalize_rows(_placement.to_device_memory(rows), plan.num_rows, row_mode)
     x2d = x.reshape(plan.num_rows, plan.width)
-    out2d = jax.device_put(_rows_op(impl, call.ascending, call.thresholds)(x2d, rows), _DEVICE)
+    out2d = jax.device_put(_rows_op(route)(x2d, rows), _DEVICE)
     out2d = fill_out_of_range(out2d, rows, call, x.dtype)
     return jax.device_put(out2d.reshape(out_shape), _DEVICE)
 
@@ -202,11 +201,10 @@ def _fold_rows(read, axis_size, x2d, rows, rows_batched):
 
 
 @functools.cache
-def _rows_op(impl: _registry.Implementation, ascending: bool, thresholds: tuning.Thresholds):
-    """The row read for one static setting, with its rules (the tangent reads like jnp)."""
-
-    read_fn = functools.partial(impl.read_rows, ascending=ascending, thresholds=thresholds)
-    return _guarded(read_fn, gather_rows_reference, _fold_rows)
+def _rows_op(route: _registry.Plan):
+    """The row read for one plan, with its rules (the tangent reads like jnp)."""
+    return _guarded(functools.partial(_read_rows.read, plan=route), gather_rows_reference,
+                    _fold_rows)
 
 
 @functools.lru_cache(maxsize=256)  # One per static index value: bounded, as _front's plans.

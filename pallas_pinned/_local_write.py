@@ -48,10 +48,6 @@ OP_NAMES = {
 }
 
 
-# The modes under which unique_indices and indices_are_sorted are not used.
-PROMISE_FREE_MODES = ("clip", "wrap")
-
-
 @dataclasses.dataclass(frozen=True)
 class WriteCall:
     """Everything static about one write; hashable, so it keys jit's cache."""
@@ -59,25 +55,21 @@ class WriteCall:
     op: str
     plan: IndexPlan
     mode: str | None
-    unique: bool
-    ascending: bool
+    # The caller's promises, as written; _registry.choose decides what they let it skip.
+    promised_distinct: bool
+    promised_sorted: bool
     backend: str
     thresholds: tuning.Thresholds
 
     @classmethod
     def of(cls, op, plan, *, mode, unique_indices, indices_are_sorted, backend):
-        """The call's settings, its index form's own guarantees and the current thresholds."""
+        """The call's settings and the current thresholds."""
         return cls(
             op=op,
             plan=plan,
             mode=mode,
-            # The one place that decides what the promises say of the rows: "clip" and
-            # "wrap" may map distinct indices onto one row (0, n and 2n wrap onto row 0,
-            # and n - 1 < n wraps to n - 1 > 0), so there they say nothing; the index
-            # form's own guarantee (static positions, in range) still does.
-            unique=(bool(unique_indices) and mode not in PROMISE_FREE_MODES) or plan.unique,
-            ascending=(bool(indices_are_sorted) and mode not in PROMISE_FREE_MODES)
-            or plan.ascending,
+            promised_distinct=bool(unique_indices),
+            promised_sorted=bool(indices_are_sorted),
             backend=backend,
             thresholds=tuning.current(),
         )
@@ -106,15 +98,6 @@ class WriteCall:
             return self.mode
         return "drop"
 
-    def row_write(self) -> _write_rows.RowWrite:
-        return _write_rows.RowWrite(
-            op=self.op,
-            mode=self.row_mode,
-            unique=self.unique,
-            ascending=self.ascending,
-            thresholds=self.thresholds,
-        )
-
 
 def write_traced(x, operands, updates, call: WriteCall):
     """``x.at[index].<op>(updates)``, staged; the result has ``x``'s shape and placement."""
@@ -125,18 +108,20 @@ def write_traced(x, operands, updates, call: WriteCall):
         functools.partial(write_traced, call=call), x, operands, updates)
     if on_copies is not None:
         return on_copies  # A replicated buffer on an Explicit mesh: see on_each_copy.
-    if x.ndim == 0 and _placement.on_host(x):
-        return _scalar_write(x, updates, call)
     # Index arrays may live in host memory; the row arithmetic runs on the device.
     operands = jax.tree.map(_placement.to_device_memory, operands)
-    impl = _registry.choose(call, x)
-    if impl.block:
+    index_dtype = operands[0].dtype if plan.kind == "axis0" else None
+    route = _registry.choose(call, x, index_dtype)
+    if route.path == "block":
         return _block.write(x, plan, operands, updates, op=call.op, mode=call.mode)
+    if route.path == "scalar":
+        return _scalar_write(x, updates, call)
     rows = plan.rows(operands, call.mode, read=False)
     x2d = x.reshape(plan.num_rows, plan.width)
     updates2d = _write_rows.updates_2d(x.dtype, updates, plan.result_shape, plan.width)
     x2d = _placement.varying_as(x2d, rows, updates2d)
-    return impl.write_rows(x2d, rows, updates2d, call.row_write()).reshape(x.shape)
+    cfg = _write_rows.RowWrite(call.op, call.row_mode, route)
+    return _write_rows.write(x2d, rows, updates2d, cfg).reshape(x.shape)
 
 
 def _scalar_write(x, updates, call: WriteCall):

@@ -65,6 +65,7 @@ from pallas_pinned import (
     _local_read,
     _local_write,
     _placement,
+    _registry,
     _rows,
     _validation,
     _write_rows,
@@ -200,6 +201,12 @@ def write_traced(x, operands, updates, cfg: WriteConfig):
     operands, updates = _gathered((operands, updates), cfg.layout)
     rows = _global_rows(plan, operands, cfg.call.mode, read=False)
     updates = _write_rows.updates_2d(x.dtype, updates, plan.result_shape, plan.width)
+    # The promises are the global index's (as written): what they say of its rows is
+    # decided here, where its type is known; each shard gets rows in range or marked.
+    unique, ascending, _ = _registry.promises(
+        cfg.call, operands[0].dtype if plan.kind == "axis0" else None)
+    cfg = dataclasses.replace(cfg, call=dataclasses.replace(
+        cfg.call, promised_distinct=unique, promised_sorted=ascending))
     spec = cfg.layout.spec
     # check_vma=False: the local ops stage kernels (pallas_call, also traced on
     # CPU under platform_dependent) whose outputs carry no varying-axes type.
@@ -215,13 +222,15 @@ def write_traced(x, operands, updates, cfg: WriteConfig):
 def _write_shard(cfg: WriteConfig, x_local, rows, updates):
     view_rows = cfg.call.plan.num_rows // cfg.layout.shards
     local, first = _local_rows(rows, cfg.layout, view_rows)
-    if cfg.call.ascending:
+    if cfg.call.promised_sorted:
         # Ascending global rows: this shard's run is contiguous and the rows of
         # lower shards precede it. Rotating those behind it (all dropped) keeps
         # the local rows ascending, so the promise still holds locally.
         below = jnp.sum(rows < first)
         local, updates = jnp.roll(local, -below), jnp.roll(updates, -below, axis=0)
     x2d = x_local.reshape(view_rows, cfg.call.plan.width)
+    # Local rows are in [0, view_rows]: unsigned, they keep the promises (_registry.promises).
+    local = local.astype(jnp.uint32 if view_rows < 2**32 - 1 else jnp.uint64)
     plan, operands = _index_parse.parse(local, x2d.shape, "drop")
     # "drop" locally whatever the global mode: rows of other shards are marked.
     call = dataclasses.replace(cfg.call, plan=plan, mode="drop")

@@ -39,6 +39,7 @@ SUPPORTED_DTYPES = tuple(
     )
 )
 
+
 def check_mode_and_backend(mode: Any, backend: Any, modes: tuple = MODES) -> None:
     if mode not in modes:
         raise ValueError(f"unknown mode {mode!r}; expected one of {modes}")
@@ -256,8 +257,7 @@ def check_write(
         if not sharded:
             check_same_device(x, (name, operand))
         check_not_aliased(x, (name, operand))
-    check_kernel_backend(x, backend)
-    check_interpret_invarying(backend, x, updates, *operands)
+    _registry.check_available(x, backend, updates, *operands)
     return plan, operands
 
 
@@ -270,25 +270,8 @@ def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.I
     check_same_device(x, ("indices", index))
     for name, operand in named_operands(index, operands):
         check_same_device(x, (name, operand))
-    check_kernel_backend(x, backend)
-    check_interpret_invarying(backend, x, *operands)
+    _registry.check_available(x, backend, *operands)
     return plan, operands
-
-
-def check_interpret_invarying(backend: str, *arrays: Any) -> None:
-    """``"interpret"`` inside a ``shard_map`` that checks varying axes: Pallas's
-    interpreter mixes varying and invarying values, and JAX failed inside it
-    ("Primitive gather requires varying manual axes to match")."""
-    if backend != "interpret":
-        return
-    varying = frozenset().union(*map(_placement.varying_axes, arrays))
-    if varying:
-        raise NotImplementedError(
-            f"backend='interpret' cannot run on inputs that vary along the shard_map axes "
-            f"{sorted(varying)} (a shard_map that checks varying axes): Pallas's interpreter "
-            "mixes varying and invarying values. Pass check_vma=False to jax.shard_map, or "
-            "use backend='xla' or 'auto'"
-        )
 
 
 def check_op_dtype(op: str, dtype) -> None:
@@ -310,13 +293,6 @@ def check_rows_to_read(shape: tuple[int, ...], plan: _index.IndexPlan, mode: Any
             f"x of shape {shape} has no rows to read with mode={mode!r}; "
             "use mode='fill' to get fill values for rows that do not exist"
         )
-
-
-def check_kernel_backend(x: Any, backend: str) -> None:
-    """An explicit kernel backend must be able to run here (its limits on this call's
-    shapes are ``_registry.choose``'s to check, at trace time, before anything runs)."""
-    if backend in _registry.KERNEL_BACKENDS:
-        _registry.check_available(x, backend)
 
 
 def default_fill(dtype) -> Any:

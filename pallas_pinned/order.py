@@ -33,7 +33,7 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
 
     The result is the same as with ``ids`` themselves: bit for bit where the
     add sums each row's run of a stable order (more than the smaller of
-    ``tuning.current().fused_max_unpromised_adds`` and ``fused_max_adds``
+    ``tuning.current().fused_max_unpromised_adds`` and ``fused_max_updates``
     entries, on the kernels); up to that the kernels' one-launch add groups its
     sums by position, so the last bits of a row with repeated ids may differ. The
     order is XLA's stable sort (the Pallas add orders up to ``order_kernel_max``
@@ -54,8 +54,11 @@ def sort_indices(indices: Any, num_rows: int, *, mode: str | None = None):
 
     Returns:
       ``sorted_indices``: the normalized indices in ascending order (stable:
-      equal indices keep their input order), of the widest integer type jax
-      computes with; ``order``: int32 positions with ``sorted_indices ==
+      equal indices keep their input order), unsigned, of the width of the widest
+      integer type jax computes with (uint32, uint64 with x64): no index is negative, so
+      the ops take ``indices_are_sorted=True`` at its word (of a signed index type they
+      use it only where they can check that no index is negative: README, "How it
+      differs from jnp"); ``order``: int32 positions with ``sorted_indices ==
       normalized[order]``. Permute per-entry data with ``data[order]``.
 
     Raises:
@@ -108,4 +111,7 @@ def _sort(indices, num_rows: int, mode: str | None):
     # every entry (sharded over a mesh, they are gathered).
     indices = _placement.gathered(_placement.to_device_memory(indices))
     rows = _rows.normalize_rows(indices, num_rows, mode)
-    return _rows.stable_order(rows)
+    ordered, order = _rows.stable_order(rows)
+    # Normalized rows are never negative (a "promise_in_bounds" index the caller broke
+    # aside): unsigned, they say so to the ops' promise rule.
+    return ordered.astype(jnp.dtype(f"uint{8 * ordered.dtype.itemsize}")), order

@@ -52,14 +52,18 @@ def scatter_to_host(
         out-of-range index writes outside the buffer; use only when you
         know); and ours, ``"wrap"``: every index modulo its axis, so a ring
         insert is ``at(x)[jax.ds(pos, n)].set(y, mode="wrap")``.
-      unique_indices: promise that no position repeats (skips de-duplication).
-      indices_are_sorted: promise that the positions ascend, after negative indices
-        wrap (skips the sort); ``sort_indices`` gives such an order. Under ``"clip"``
-        and ``"wrap"`` neither promise is used (those modes can map distinct
-        indices onto one row, and ascending ones out of order under ``"wrap"``).
+      unique_indices: promise that no index repeats, as written (skips
+        de-duplication where that is safe).
+      indices_are_sorted: promise that the indices ascend, as written (skips the
+        sort where that is safe); ``sort_indices`` gives such an order. Negative
+        indices wrap as in jnp, so indices distinct or sorted as written may name
+        one row twice or descend: of a signed index type the promises are used only
+        where the kernel checks that no index is negative. Under ``"clip"`` and
+        ``"wrap"``, and for indices other than one array on axis 0, they are not
+        used. A false promise can change only the rows the call names.
       backend: ``"auto"`` (on a host buffer of a CUDA GPU, the copy above
-        for such a block, else what the backend table measured fastest: a
-        kernel, or XLA's own scatter of the rows; XLA otherwise), ``"pallas"`` (the
+        for such a block, else the Pallas kernels, or the raw Triton ones where
+        Pallas-Triton does not lower; XLA otherwise), ``"pallas"`` (the
         Pallas kernel, CUDA only), ``"triton"`` (the raw Triton kernel through
         jax-triton, CUDA only, needs the ``triton`` extra), ``"interpret"``
         (the Pallas kernel in interpret mode, any platform) or ``"xla"``.

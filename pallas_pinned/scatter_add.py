@@ -30,7 +30,7 @@ def scatter_add_to_host(
     contiguous block too, as rows known distinct; with ``tuning``
     ``block_copy`` it is one read and one copy back). Pallas sums them in the
     kernel, in entry order: small batches (up to ``tuning``
-    ``fused_max_unpromised_adds`` updates, or ``fused_max_adds`` for rows known
+    ``fused_max_unpromised_adds`` updates, or ``fused_max_updates`` for rows known
     distinct) in one launch that finds the duplicates itself, larger ones in
     one launch over the runs of a stable order. Raw Triton and XLA sum them on
     the device first (a stable order and a segmented scan). Any other ``x``
@@ -41,12 +41,8 @@ def scatter_add_to_host(
         except bool (jnp's ``.add`` refuses bool too).
       indices, updates, mode, unique_indices, indices_are_sorted, backend:
         as for :func:`scatter_to_host` (``unique_indices`` is ignored with
-        ``"clip"``, which can make positions repeat). With rows known distinct,
-        ``auto`` may run XLA's own add for a float32 host buffer, where the
-        backend table measured it faster (``backend_table.json`` says where; rows
-        that repeat made it tenfold slower in a real training step, so it needs
-        the promise). A false promise gives unspecified values in the repeated
-        rows, as everywhere.
+        ``"clip"``, which can make positions repeat). A false promise gives
+        unspecified values in the repeated rows only, as everywhere.
 
     Returns:
       The updated buffer, with ``x``'s sharding and memory kind. Rounding:

@@ -3,7 +3,7 @@
 Each threshold names the committed result it was chosen from: docs/PERFORMANCE.md,
 "Thresholds", gives the figures and the result files (some in git history). Results
 depend on them only in the last bits of float sums over repeated rows:
-``fused_max_adds`` and ``fused_max_unpromised_adds`` choose which path sums them,
+``fused_max_updates`` and ``fused_max_unpromised_adds`` choose which path sums them,
 and the paths group the sums differently (each gives the same bits on every call).
 The others change only speed. Benchmarks and tests switch a path through
 :func:`override` instead of patching module globals.
@@ -48,14 +48,10 @@ class Thresholds:
     # updates; at 64 Ki sorting is 1.7-1.8x faster, and below 4 Ki the sort's fixed cost
     # loses. Adds and reads take the write's crossover (each moves a row over the same bus).
     sort_from: int = 16384
-    # scatter_to_host (Pallas): up to this many updates, one launch normalizes the raw
-    # indices and drops superseded duplicates itself (its duplicate search grows as n**2)
-    # (docs/PERFORMANCE.md, "Thresholds").
+    # scatter_to_host, and scatter_add_to_host of rows promised or known distinct (Pallas):
+    # up to this many updates, one launch normalizes the raw indices and finds duplicates
+    # itself (its duplicate search grows as n**2) (docs/PERFORMANCE.md, "Thresholds").
     fused_max_updates: int = 4096
-    # scatter_add_to_host (Pallas), rows promised or known distinct: up to this many
-    # updates, one launch instead of about a dozen XLA ops (docs/PERFORMANCE.md,
-    # "Thresholds").
-    fused_max_adds: int = 1024
     # scatter_add_to_host (Pallas), rows that may repeat: the one launch up to this many
     # updates, beyond a stable order and the sorted-runs kernel. In the one launch a hot
     # row's owner sums its duplicates alone (docs/PERFORMANCE.md, "Thresholds").

@@ -102,26 +102,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture
-def backend_table(monkeypatch):
-    """``use(path)``: ``auto`` reads the table at ``path`` afresh
-    (``$PALLAS_PINNED_BACKEND_TABLE``), ``use(None)`` the shipped one again; the shipped
-    one is back after the test either way."""
-    from pallas_pinned import _registry
-
-    def use(path):
-        if path is None:
-            monkeypatch.delenv(_registry.TABLE_ENV, raising=False)
-        else:
-            monkeypatch.setenv(_registry.TABLE_ENV, str(path))
-        _registry._table.cache_clear()
-        # A call traced under the other table would run again from jit's cache: on the
-        # H200 a test of the shipped table's 1024-row add ran the XLA path that an earlier
-        # test in the same worker had traced under a forced table.
-        jax.clear_caches()
-
-    yield use
-    use(None)
 
 
 @pytest.fixture(autouse=True)

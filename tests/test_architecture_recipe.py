@@ -80,10 +80,7 @@ def _register_xor(monkeypatch, *, leave_out: str | None = None) -> None:
         # How duplicates combine and how the total meets the row: the block copy, the
         # reference (XLA) rows, a rank-0 buffer and the kernels' combine all read it.
         "COMBINERS": lambda: monkeypatch.setitem(_rows.COMBINERS, "xor", jnp.bitwise_xor),
-        # The kernel families' write: read the rows, combine on the device, write back.
-        "_KERNEL_WRITES": lambda: monkeypatch.setitem(
-            _write_rows._KERNEL_WRITES, "xor", _write_rows._kernel_combine),
-        # What auto tries, in order (XLA's own path refuses ops other than set and add).
+        # What auto tries, in order.
         "IMPLEMENTATIONS": lambda: monkeypatch.setitem(
             _registry.IMPLEMENTATIONS, "xor", _registry.IMPLEMENTATIONS["min"]),
         # The device-side formula the gradient refusal names.
@@ -215,7 +212,6 @@ def test_the_toy_ops_transformation_rules_name_it(rng, xor_op):
 _WITHOUT = {
     "OP_NAMES": ("xla", "axis0"),
     "COMBINERS": ("xla", "axis0"),
-    "_KERNEL_WRITES": ("interpret", "axis0"),
     "IMPLEMENTATIONS": ("auto", "axis0"),
     "_DEVICE_COMBINES": ("grad", None),
     "check_op_dtype": ("float", None),
@@ -263,17 +259,17 @@ class _Toy(_registry.Implementation):
 _TOY_RAN: list[str] = []
 
 
-def _toy_write(x2d, rows, updates2d, cfg):
+def _toy_write(x2d, rows, updates2d, *, cfg):
     _TOY_RAN.append(cfg.op)
-    return _write_rows.write_reference(x2d, rows, updates2d, cfg)
+    return _write_rows.PATHS["reference"](x2d, rows, updates2d, cfg=cfg)
 
 
-def _toy_read(x2d, rows, *, ascending, thresholds):
+def _toy_read(x2d, rows, *, plan):
     _TOY_RAN.append("get")
-    return _read_rows.read_reference(x2d, rows, ascending=ascending, thresholds=thresholds)
+    return _read_rows.PATHS["reference"](x2d, rows, plan=plan)
 
 
-TOY = _Toy("toy", write_rows=_toy_write, read_rows=_toy_read)
+TOY = _Toy("toy", "toy")
 
 
 @pytest.fixture
@@ -284,6 +280,8 @@ def toy(monkeypatch):
     for op in ("set", "get"):
         monkeypatch.setitem(_registry.IMPLEMENTATIONS, op, (TOY, *_registry.IMPLEMENTATIONS[op]))
     monkeypatch.setitem(_registry._EXPLICIT, "toy", (TOY,))
+    monkeypatch.setitem(_write_rows.PATHS, "toy", _toy_write)
+    monkeypatch.setitem(_read_rows.PATHS, "toy", _toy_read)
     monkeypatch.setattr(_validation, "BACKENDS", (*_validation.BACKENDS, "toy"))
     yield _TOY_RAN
     jax.clear_caches()  # Nor may later tests run a program that chose it.

@@ -9,7 +9,6 @@ warning turning into an error) shows here first. Accelerating the deprecation
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import os
 import subprocess
@@ -25,9 +24,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 import pallas_pinned as pp
-from pallas_pinned import _registry
+from pallas_pinned import _availability, _registry
 from tests.helpers import why_no_triton_launch
-from tests.registry_support import on_cuda
 
 
 def _copy_kernel(x_ref, o_ref):
@@ -82,10 +80,10 @@ def test_the_pallas_probe_leaves_other_threads_warnings_alone(monkeypatch):
         seen.append(list(warnings.filters))
         o_ref[...] = x_ref[...]
 
-    monkeypatch.setattr(_registry, "_copy_kernel", copy_kernel)
+    monkeypatch.setattr(_availability, "_copy_kernel", copy_kernel)
     monkeypatch.setattr(threading, "active_count", lambda: 2)  # Another thread runs.
     before = list(warnings.filters)
-    _registry.pallas_triton_usable.__wrapped__()
+    _availability.pallas_triton_usable.__wrapped__()
     assert seen == [before]
 
 
@@ -97,7 +95,7 @@ def test_the_pallas_probe_alone_hides_upstreams_deprecation(monkeypatch):
     monkeypatch.setattr(threading, "active_count", lambda: 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _registry.pallas_triton_usable.__wrapped__()
+        _availability.pallas_triton_usable.__wrapped__()
     texts = [str(w.message) for w in caught]
     assert not any(_registry.PALLAS_TRITON_DEPRECATION in t for t in texts), texts
 
@@ -170,102 +168,6 @@ def test_gpu_auto_takes_the_raw_triton_kernels_when_pallas_triton_is_gone():
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["auto"] == "triton", report
     assert report["buffer_ok"] and report["gather_ok"], report
-
-
-def test_auto_follows_the_shipped_measured_table():
-    # The table ships with the package and names the runs it was derived from;
-    # re-deriving it from those committed runs gives the same table.
-
-    from benchmarks import choose_backends
-
-    shipped = json.loads(
-        importlib.resources.files("pallas_pinned").joinpath("backend_table.json").read_text()
-    )
-    assert shipped["source"].startswith("benchmarks/results/loop")
-    assert shipped["measured"]["gpu_name"] == "NVIDIA H200"
-    run = json.loads((choose_backends.REPO / shipped["source"]).read_text())
-    # Derived from a run whose steps XLA graphed, as a real step's kernels are
-    # (docs/PERFORMANCE.md, "Inside a jitted loop"); the table says which options its run had.
-    assert run["meta"]["compiler_options"] == shipped["measured"]["compiler_options"]
-    assert run["meta"]["compiler_options"].get("xla_gpu_graph_min_graph_size") == 1
-    earlier = {label: json.loads((choose_backends.REPO / label).read_text())["records"]
-               for label in shipped["xla_path_from"]}
-    clients = [choose_backends.client_verdict(
-        json.loads((choose_backends.REPO / shipped[key]).read_text()), shipped[key])
-        for key in ("add_client_from", "distinct_client_from")]
-    assert shipped["clients"] == {"add": clients[0][1], "distinct": clients[1][1]}
-    materialized = shipped["materialized_from"]
-    assert materialized, "the table names the run with materialized inputs it judged by"
-    materialized_run = json.loads((choose_backends.REPO / materialized).read_text())
-    assert materialized_run["meta"]["inputs"] == "materialized"
-    classes, choices = choose_backends.choose(
-        run["records"], earlier, *clients, materialized=materialized_run["records"])
-    assert (classes, choices) == (shipped["size_classes"], shipped["choices"])
-    for op, dtypes in shipped["choices"].items():
-        for dtype, sizes in dtypes.items():
-            for size, entry in sizes.items():
-                assert _registry.measured_choice(op, dtype, int(size)) == entry["backend"]
-                assert _registry.measured_choice(op, dtype, int(size), distinct=True) == (
-                    entry.get("distinct_backend", entry["backend"]))
-    # The same answer within a class: the smallest class that holds the count.
-    bounds = shipped["size_classes"]
-    for low, high in zip(bounds, bounds[1:], strict=False):
-        entry = shipped["choices"]["set"]["float32"].get(str(high))
-        if entry and high > low + 1:
-            assert _registry.measured_choice("set", "float32", low + 1) == entry["backend"]
-
-
-def test_auto_follows_a_table_that_says_triton(monkeypatch):
-    # A table measured on another machine may prefer raw Triton; auto follows
-    # it where raw Triton can launch, and falls through to Pallas where not.
-    table = {
-        "size_classes": [4096, 65536],
-        "choices": {"set": {"float32": {"4096": {"backend": "triton"}}}},
-    }
-    chosen = on_cuda(monkeypatch, table)
-    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
-    x = jax.device_put(jnp.zeros((8, 2)), host)
-    monkeypatch.setattr(_registry, "raw_triton_usable", lambda: True)
-    assert chosen("set", x, 4) == "triton"
-    assert chosen("add", x, 4) == "pallas"  # The table says nothing.
-    assert chosen("set", x, 5000) == "pallas"  # Nothing measured.
-    # A block of a host buffer: kernel rows unless the call is one copy (WriteCall.one_copy).
-    assert chosen("set", x, 4, kind="block") == "triton"
-    assert chosen("set", jnp.zeros((8, 2)), 4, kind="block") == "block"
-    assert chosen("set", jnp.zeros((8, 2)), 4) == "xla"  # Device memory.
-    monkeypatch.setattr(_registry, "raw_triton_usable", lambda: False)
-    assert chosen("set", x, 4) == "pallas"
-
-
-def test_auto_follows_the_table_the_environment_names(backend_table, tmp_path, monkeypatch):
-    # $PALLAS_PINNED_BACKEND_TABLE: a table written by choose_backends from a run on
-    # the user's own machine replaces the shipped one; a file that is not one is
-    # refused naming the variable and the fix.
-    table = {"size_classes": [64], "choices": {"set": {"float32": {"64": {"backend": "xla"}}}}}
-    path = tmp_path / "table.json"
-    path.write_text(json.dumps(table))
-    backend_table(path)
-    assert _registry.measured_choice("set", "float32", 5) == "xla"
-    assert _registry.measured_choice("add", "float32", 5) == "pallas"  # Says nothing.
-    for text in ("{not json", '{"rows": []}'):
-        path.write_text(text)
-        backend_table(path)
-        with pytest.raises(ValueError, match="PALLAS_PINNED_BACKEND_TABLE.*choose_backends"):
-            _registry.measured_choice("set", "float32", 5)
-    backend_table(tmp_path / "missing.json")
-    with pytest.raises(ValueError, match="not a readable backend table"):
-        _registry.measured_choice("set", "float32", 5)
-    # Refused before anything runs: the donated buffer is alive and unchanged. (Off CUDA auto
-    # runs XLA and reads no table: here it is asked as on a CUDA GPU.)
-    on_cuda(monkeypatch)
-    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
-    x0 = np.random.default_rng(2).standard_normal((8, 3)).astype(np.float32)
-    x = jax.device_put(x0, host)
-    with pytest.raises(ValueError, match="not a readable backend table"):
-        pp.scatter_to_host(x, jnp.arange(2), jnp.ones((2, 3), jnp.float32))
-    assert not x.is_deleted() and np.asarray(x).tobytes() == x0.tobytes()
-    backend_table(None)
-    assert _registry._table()["source"].startswith("benchmarks/results/loop")
 
 
 # A child process in which Pallas's Triton backend cannot be imported at all
@@ -354,9 +256,9 @@ def test_auto_copies_strided_blocks_and_writes_contiguous_ones_as_rows(monkeypat
     seen = []
     real_choose = _registry.choose
 
-    def spy(call, x):
-        chosen = real_choose(call, x)
-        seen.append((call.plan.num_entries, chosen.block))
+    def spy(call, x, *args):
+        chosen = real_choose(call, x, *args)
+        seen.append((call.plan.num_entries, chosen.path == "block"))
         return chosen
 
     monkeypatch.setattr(_registry, "choose", spy)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from pallas_pinned import _front, _registry, _validation
+from pallas_pinned import _availability, _front, _registry, _validation
 from tests.helpers import put, read
 
 X0 = np.arange(24, dtype=np.float32).reshape(8, 3) + 0.5
@@ -76,7 +76,7 @@ def test_a_kept_signature_still_refuses_the_buffer_as_its_own_updates(monkeypatc
 
 def test_a_kept_signature_still_asks_whether_the_kernel_backend_can_run(monkeypatch):
     x = pp.scatter_to_host(put(X0), IDX, UPD, backend="interpret")
-    monkeypatch.setattr(_registry, "pallas_triton_importable", lambda: "removed for the test")
+    monkeypatch.setattr(_availability, "pallas_triton_importable", lambda: "removed for the test")
     with pytest.raises(NotImplementedError, match="removed for the test"):
         pp.scatter_to_host(x, IDX, UPD, backend="interpret")
     np.testing.assert_array_equal(read(x)[5], np.asarray(UPD[1]))  # The buffer survives.
@@ -302,8 +302,8 @@ def test_an_eager_int_takes_the_path_its_static_int_takes(monkeypatch, mode):
     seen = []
     real_choose = _registry.choose
 
-    def spy(call, x):
-        chosen = real_choose(call, x)
+    def spy(call, x, *args):
+        chosen = real_choose(call, x, *args)
         seen.append((call.op, chosen.name))
         return chosen
 

@@ -114,7 +114,7 @@ def test_a_step_sharing_one_order_gives_the_same_result(rng, backend, num_ids):
         assert x.sharding.memory_kind == "pinned_host"
         results[shared] = (read(x), np.asarray(row_sums))
     limits = tuning.current()
-    if num_ids > min(limits.fused_max_adds, limits.fused_max_unpromised_adds):
+    if num_ids > min(limits.fused_max_updates, limits.fused_max_unpromised_adds):
         np.testing.assert_array_equal(results[True][0], results[False][0])
     else:
         np.testing.assert_allclose(results[True][0], results[False][0], rtol=1e-5, atol=1e-5)

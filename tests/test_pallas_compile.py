@@ -37,7 +37,7 @@ def _kernels():
     cases = {
         "scatter_rows": (lambda x, r, u: sp.scatter_rows(x, r, None, u), rows, updates),
         "scatter_rows_fused": (
-            lambda x, r, u: sp.scatter_rows_fused(x, r, u, mode=None, drop_superseded=True),
+            lambda x, r, u: sp.scatter_rows_fused(x, r, u, mode=None),
             raw, raw_updates,
         ),
         "gather_rows": (lambda x, r: gp.gather_rows(x, r), rows),
@@ -55,7 +55,7 @@ def _kernels():
         )
         cases[f"add_fused{suffix}"] = (
             lambda x, r, u, kw=kw: ap.scatter_add_rows_fused(
-                x, r, u, mode=None, combine_duplicates=True, **kw
+                x, r, u, mode=None, **kw
             ),
             raw, raw_updates,
         )

@@ -7,9 +7,11 @@ jnp is the oracle for values: on the CPU, XLA's scatter applies duplicates in or
 
 from __future__ import annotations
 
+import ast
 import collections
+import dataclasses
 import inspect
-import types
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +19,9 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from pallas_pinned import _registry
+from pallas_pinned import _registry, tuning
 from tests.helpers import put, read
-from tests.registry_support import picked
+from tests.registry_support import call_of, picked
 
 ROWS = 7
 
@@ -77,10 +79,8 @@ def test_sorted_promise_under_wrap_adds_each_wrapped_row_once(rng, backend):
 
 
 def _call(backend, *, num_entries=4, num_rows=8, width=1, op="set", kind="rows"):
-    plan = types.SimpleNamespace(kind=kind, num_entries=num_entries, num_rows=num_rows,
-                                 width=width)
-    return types.SimpleNamespace(op=op, plan=plan, backend=backend, unique=False,
-                                 one_copy=False)
+    return call_of(op, num_entries, kind=kind, backend=backend, num_rows=num_rows,
+                   width=width)
 
 
 def test_an_explicit_pallas_backend_refuses_rows_its_offsets_cannot_address():
@@ -93,21 +93,22 @@ def test_an_explicit_pallas_backend_refuses_rows_its_offsets_cannot_address():
         _registry.choose(_call("pallas", num_rows=2**30 + 8, width=2), x)
 
 
-@pytest.mark.parametrize("backend", ["pallas", "triton", "interpret"])
-def test_an_explicit_kernel_backend_refuses_more_entries_than_int32_numbers(backend):
+@pytest.mark.parametrize("backend", ["auto", "xla", "pallas", "triton", "interpret"])
+def test_every_backend_refuses_more_entries_than_int32_numbers_naming_the_split(backend):
     x = jax.ShapeDtypeStruct((2**33, 1), jnp.float32)
-    with pytest.raises(NotImplementedError, match="int32 entry numbers"):
+    with pytest.raises(ValueError, match=r"2\*\*31 - 1 at most\); split the call"):
         _registry.choose(_call(backend, num_entries=2**31, num_rows=2**33), x)
     assert _registry.choose(_call(backend, num_entries=2**31 - 1, num_rows=2**33),
-                            x).name == backend
+                            x).name in (backend, "xla")
 
 
-def test_interpret_refuses_2_31_entries_before_anything_is_traced_into_a_kernel(rng):
+@pytest.mark.parametrize("backend", ["interpret", "xla", "auto"])
+def test_2_31_entries_are_refused_before_anything_is_traced_into_a_kernel(backend):
     x = jax.ShapeDtypeStruct((2**31 + 1,), jnp.uint8, sharding=_pinned_sharding())
     i = jax.ShapeDtypeStruct((2**31,), jnp.int32)
     u = jax.ShapeDtypeStruct((2**31,), jnp.uint8)
-    f = jax.jit(lambda x, i, u: pp.scatter_to_host(x, i, u, backend="interpret"))
-    with pytest.raises(NotImplementedError, match="int32 entry numbers"):
+    f = jax.jit(lambda x, i, u: pp.scatter_to_host(x, i, u, backend=backend))
+    with pytest.raises(ValueError, match="split the call"):
         f.trace(x, i, u)
 
 
@@ -134,20 +135,76 @@ def test_auto_on_the_cpu_runs_xla_and_a_strided_block_set_is_one_copy(rng, monke
     assert ran == ["xla", "block"]
 
 
-def test_every_backend_decision_goes_through_choose():
-    import pathlib
-    import re
+# What a dispatch reads: the backend, the kernel family, the platform, the thresholds.
+_DECIDING = {
+    "backend", "backends", "family", "interpret", "platform", "platform_of", "thresholds",
+    "limits", "impl", "implementation", "KERNEL_BACKENDS", "_host_on_cuda", "on_cuda",
+    *(f.name for f in dataclasses.fields(tuning.Thresholds)),
+}
+# The modules that decide (and what only checks or names them), and the tools.
+_DECIDERS = {"_registry.py", "_availability.py", "tuning.py", "testing.py", "__main__.py"}
+# The plan's executors: their platform_dependent takes its branches from the plan.
+_EXECUTORS = {("_write_rows.py", "write"), ("_read_rows.py", "read")}
 
+
+def _dispatches(path: pathlib.Path) -> list[str]:
+    """Branches of ``path`` on a deciding name, and its ``lax.platform_dependent`` calls
+    outside the plan's executors."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def names(node):
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+            n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+    def visit(node, function):
+        tests = []
+        refusal = (isinstance(node, ast.If) and not node.orelse
+                   and all(isinstance(statement, ast.Raise) for statement in node.body))
+        if refusal:
+            pass  # A check that refuses decides nothing about what runs.
+        elif isinstance(node, ast.If | ast.IfExp | ast.While):
+            tests = [node.test]
+        elif isinstance(node, ast.comprehension):
+            tests = node.ifs
+        elif isinstance(node, ast.Match):
+            tests = [node.subject]
+        for test in tests:
+            hit = names(test) & _DECIDING
+            if hit:
+                found.append(f"{path.name}:{test.lineno}: branch on {sorted(hit)}")
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", None)
+                == "platform_dependent" and (path.name, function) not in _EXECUTORS):
+            found.append(f"{path.name}:{node.lineno}: platform_dependent in {function}")
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, ast.FunctionDef) else function
+            visit(child, name)
+
+    visit(tree, None)
+    return found
+
+
+def test_the_plan_is_the_only_decision():
+    # No module but the deciders branches on the backend, the family, the platform or a
+    # threshold, and platform_dependent runs only where the plan names its branches.
     root = pathlib.Path(pp.__file__).parent
-    pattern = re.compile(r"\b(impl|implementation|backend)\s*==\s*[\"']")
-    found = [
-        f"{path.name}:{n}: {line.strip()}"
-        for path in [*root.glob("*.py"), *(root.parent / "kernels").glob("*.py")]
-        if path.name != "_registry.py"
-        for n, line in enumerate(path.read_text().splitlines(), 1)
-        if pattern.search(line)
-    ]
+    found = [hit for path in sorted(root.glob("*.py")) if path.name not in _DECIDERS
+             for hit in _dispatches(path)]
     assert not found, found
+
+
+def test_the_dispatch_reader_sees_every_form_of_branch(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text(
+        "def f(call, x, backend):\n"
+        "    if backend == 'pallas':\n        pass\n"
+        "    if backend == 'xla':\n        raise ValueError\n"
+        "    y = 1 if call.thresholds.sort_from > 3 else 2\n"
+        "    z = [a for a in x if a.platform == 'gpu']\n"
+        "    while limits.atomic_add_from:\n        break\n"
+        "    return lax.platform_dependent(x, cuda=f, default=f)\n"
+    )
+    assert len(_dispatches(path)) == 5, _dispatches(path)
 
 
 # --- the eager rule -----------------------------------------------------------------

@@ -85,9 +85,9 @@ def test_add_follows_the_oracle_and_jnp(backend, case, scalar):
 
 # The Pallas family's ways of summing duplicates, as the thresholds select them.
 ADD_PATHS = {
-    "one_launch": {"fused_max_adds": 4096, "fused_max_unpromised_adds": 4096},
-    "unfused": {"fused_max_adds": 0, "fused_max_unpromised_adds": 0},
-    "unfused_sorted": {"fused_max_adds": 0, "fused_max_unpromised_adds": 0, "sort_from": 0},
+    "one_launch": {"fused_max_updates": 4096, "fused_max_unpromised_adds": 4096},
+    "unfused": {"fused_max_updates": 0, "fused_max_unpromised_adds": 0},
+    "unfused_sorted": {"fused_max_updates": 0, "fused_max_unpromised_adds": 0, "sort_from": 0},
 }
 
 
@@ -123,7 +123,7 @@ def test_add_keeps_the_sign_of_zero_as_jnp_does(rng, backend, path):
     x0 = np.where(rng.random((40, 3)) < 0.8, np.float32(-0.0), np.float32(0.0))
     if path == "distinct_rows":
         idx = rng.permutation(40)[:30] - 20  # Negative ones wrap.
-        kwargs, limits = {"unique_indices": True}, {"fused_max_adds": 0}
+        kwargs, limits = {"unique_indices": True}, {"fused_max_updates": 0}
     else:
         idx = mixed_indices(rng, 40, (300,))
         kwargs, limits = {}, ADD_PATHS[path]
@@ -171,7 +171,7 @@ def test_add_atomic_owner_write_gives_the_same_bits(rng, backend, path):
         # wrap), none repeating.
         idx = np.concatenate([np.arange(6), 6 + rng.permutation(694)[:594]])
         idx = np.where(rng.random(600) < 0.5, idx - 700, idx)
-        kwargs, limits = {"unique_indices": True}, {"fused_max_adds": 0}
+        kwargs, limits = {"unique_indices": True}, {"fused_max_updates": 0}
     else:
         idx = mixed_indices(rng, 700, (1500,))
         idx[-12:] = np.repeat(np.arange(6), 2)  # The edge rows, twice each at least.

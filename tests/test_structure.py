@@ -19,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PUBLIC = {"scatter", "scatter_add", "scatter_combine", "gather", "at", "order"}
 LAYERS = [  # Highest first; a module may import only its own layer or lower ones.
     {"__init__", "__main__"},
-    {"cached_table", "_cache_state", "_cache_ops", "_cache_policy", "_cache_pipeline"},
+    {"cached_table"},  # and every _cache_* module (_layer)
     PUBLIC,
     {"_front"},
     {"_sharded", "_sharded_route"},
@@ -83,6 +83,8 @@ def _layer(name: str) -> int | None:
     if name.startswith("pallas_pinned.kernels"):
         return len(LAYERS) + 1
     stem = name.rsplit(".", 1)[1]
+    if stem.startswith("_cache"):  # The cached table's private modules, however many.
+        return 1
     for depth, layer in enumerate(LAYERS):
         if stem in layer:
             return depth
