@@ -40,26 +40,25 @@ only. On a GPU the targets' verdicts are printed: ``cached_pipeline`` within 1.2
 ``max(device, transfer)``, and within 1.5x ``device`` at a 5 % cache with s = 1.2. Writes
 ``training.json`` under ``--out``; exits 1 on an error, a wrong or unchecked table. Device
 memory: about four times the table (the table, the reference, a copy being checked).
+
+The providers' steps, their checked and timed run and the floor: ``training_providers``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-import pallas_pinned as pp
 from benchmarks import environment, report, timing
+from benchmarks import training_providers as providers
 from pallas_pinned import cached_table as ct
 
 PROVIDERS = ("device", "uncached", "cached", "cached_pipeline", "transfer")
@@ -71,120 +70,18 @@ QUICK = {"zipf_s": "1.2", "rows": "4096", "cache_fraction": "0.05", "dim": 16, "
 # The targets, judged on a GPU only: cached_pipeline against max(device, transfer), and
 # against the device table at a 5 % cache with s = 1.2.
 FLOOR_TARGET, DEVICE_TARGET, DEVICE_TARGET_CELL = 1.2, 1.5, (1.2, 0.05)
-_DISTINCT = {"unique_indices": True, "indices_are_sorted": True}
-
-
-# ---------------------------------------------------------------------------
-# The steps
-
-
-def _loss(rows, targets):
-    return 0.5 * jnp.mean(jnp.sum((rows - targets) ** 2, axis=-1))
-
-
-@functools.cache
-def _jit(fn: Callable, options: tuple) -> Callable:
-    """``fn`` jitted, its state donated: one object per function and options for the whole
-    run, so that a cell of the grid with the shapes of an earlier one compiles nothing."""
-    return jax.jit(fn, donate_argnums=0, compiler_options=dict(options) or None)
-
-
-@functools.cache
-def _sgd_scan(read, add, lr: float):
-    """``(table, ids, targets) -> table``: one SGD step per row of ``ids``."""
-
-    def train(table, ids, targets):
-        def step(table, xs):
-            i, t = xs
-            grad = jax.grad(_loss)(read(table, i), t)
-            return add(table, i, (-lr * grad).astype(table.dtype)), None
-
-        return lax.scan(step, table, (ids, targets))[0]
-
-    return train
-
-
-# Looked up at run time (a test swaps in a broken one).
-READ_ADD = {
-    "device": (lambda x, i: jnp.take(x, i, axis=0), lambda x, i, u: x.at[i].add(u)),
-    "uncached": (pp.gather_from_host, pp.scatter_add_to_host),
-}
-
-
-def transfer_scan(table, rows, targets):
-    """The floor: step ``s`` reads the rows ``rows[s, 0]`` and writes them to ``rows[s, 1]``
-    (:func:`transfer_rows`), straight from the gather into the scatter. ``targets`` unused."""
-    del targets
-
-    def step(table, pair):
-        values = pp.gather_from_host(table, pair[0], mode="fill", fill_value=0, **_DISTINCT)
-        return pp.scatter_to_host(table, pair[1], values, mode="drop", **_DISTINCT), None
-
-    return lax.scan(step, table, rows)[0]
-
-
-@dataclasses.dataclass
-class Provider:
-    """A provider's state and what the run does with it."""
-
-    state: Any
-    call: Callable  # (state, ids, targets) -> state: one scan, timed
-    refresh: Callable | None = None  # state -> state, timed apart
-    checked: Callable = lambda s: (s, s)  # state -> (state, its table as it is checked)
-    cached_ids: Callable | None = None  # state -> the ids cached (numpy)
-    stats: Callable | None = None  # state -> the CacheStats counters, a dict of ints
-    reset: Callable | None = None  # state -> state with the counters at zero
-
-
-@functools.cache
-def cached_train(prefetch: bool) -> Callable:
-    """``(cache, ids, targets) -> cache``: the scan through ``pallas_pinned.cached_table``;
-    the step hands back each entry's gradient, the table's SGD applies them."""
-
-    def step(carry, rows, targets):
-        return carry, ct.Grads(jax.grad(_loss)(rows.per_entry(), targets)), None
-
-    def train(cache, ids, targets):
-        return ct.scan(step, cache, jnp.int32(0), ids, targets, prefetch=prefetch)[0]
-
-    return train
-
-
-def cached_provider(table, cache_rows: int, policy: str, lr: float, prefetch: bool,
-                    prime_ids, options: tuple) -> Provider:
-    """Everything else the benchmark does with ``pallas_pinned.cached_table``.
-
-    The cache starts with the busiest ids of ``prime_ids`` (looked up, then a refresh:
-    nothing written yet)."""
-
-    def flushed(cache):
-        cache = ct.flush(cache)
-        return cache, cache.table
-
-    cache = ct.create(table, cache_rows, optimizer=ct.sgd(lr), policy=policy)
-    _, cache = ct.lookup(cache, jnp.ravel(prime_ids))
-    cache = ct.reset_stats(ct.refresh(cache))
-    return Provider(cache, _jit(cached_train(prefetch), options),
-                    refresh=_jit(ct.refresh, options), checked=flushed,
-                    cached_ids=lambda c: np.asarray(c.id_of),
-                    stats=lambda c: ct.stats(c)._asdict(), reset=ct.reset_stats)
 
 
 # ---------------------------------------------------------------------------
 # Inputs
 
 
-def zipf_cdf(rows: int, s: float) -> np.ndarray:
-    weights = np.arange(1, rows + 1, dtype=np.float64) ** -s
-    cdf = np.cumsum(weights)
-    return cdf / cdf[-1]
-
-
 def draw_ids(rng: np.random.Generator, rows: int, shape: tuple, s: float,
              count: int, repeated: bool) -> list[np.ndarray]:
     """``count`` sets of ids with ``P(rank k) ~ (k + 1) ** -s``, the ranks spread over the
     table by one permutation; with ``repeated`` the first set ``count`` times."""
-    cdf, spread = zipf_cdf(rows, s), rng.permutation(rows).astype(np.int32)
+    cdf = np.cumsum(np.arange(1, rows + 1, dtype=np.float64) ** -s)
+    cdf, spread = cdf / cdf[-1], rng.permutation(rows).astype(np.int32)
     draw = lambda: spread[np.minimum(np.searchsorted(cdf, rng.random(shape)), rows - 1)]  # noqa: E731
     return [draw()] * count if repeated else [draw() for _ in range(count)]
 
@@ -206,63 +103,9 @@ def initial_table(seed: int, rows: int, dim: int) -> jax.Array:
     return jax.block_until_ready(table)
 
 
-def cold_rows(ids: np.ndarray, cached: np.ndarray, num_rows: int) -> list[np.ndarray]:
-    """Each step's distinct ids not in ``cached`` (ids of ``[0, num_rows)``), ascending."""
-    is_cached = np.zeros(num_rows, bool)
-    is_cached[cached[cached >= 0]] = True
-    return [np.unique(row[~is_cached[row]]) for row in ids]
-
-
-def padded(rows: list[np.ndarray], num_rows: int, width: int) -> np.ndarray:
-    """``(steps, width)`` int32: each step's rows, then ``num_rows, num_rows + 1, ...`` (out of
-    range: they move nothing)."""
-    out = num_rows + np.tile(np.arange(width, dtype=np.int64), (len(rows), 1))
-    for s, r in enumerate(rows):
-        out[s, :r.size] = r
-    return out.astype(np.int32)
-
-
-def transfer_rows(reads: np.ndarray, num_rows: int) -> np.ndarray:
-    """``(steps, 2, width)``: the rows read (:func:`padded`) and those written: entry
-    ``j``'s value goes to the row read by entry ``j + 1`` (the last one's out of range).
-    Both ascending and distinct, as the floor's ops are promised."""
-    past = np.full((reads.shape[0], 1), num_rows + reads.shape[1], np.int32)
-    return np.stack([reads, np.concatenate([reads[:, 1:], past], axis=1)], axis=1)
-
-
-def transfer_replay(table0: jax.Array, rows: np.ndarray) -> jax.Array:
-    """The table after one :func:`transfer_scan` from ``table0``, replayed in numpy on the
-    rows it touches (each step's values read before any is written, as the step does)."""
-    num_rows = table0.shape[0]
-    touched = np.unique(rows[:, 0][rows[:, 0] < num_rows])
-    values = np.array(table0[jnp.asarray(touched)])  # a writable copy
-    for read, write in rows:
-        moved = write < num_rows
-        values[np.searchsorted(touched, write[moved])] = values[
-            np.searchsorted(touched, read[moved])]
-    return table0.at[touched].set(values)
-
-
-@jax.jit
-def _max_abs(a, b=0.0):
-    return jnp.max(jnp.abs(a - b))  # fused under jit: no temporary as large as the table
-
-
-def max_abs_diff(a: jax.Array, reference: jax.Array) -> float:
-    """Largest ``|a - reference|`` in device memory (``a`` moved by memory space: jax's CPU
-    runtime refuses a pinned_host array for a sharding of kind "device")."""
-    a_dev = jax.device_put(a, jax.memory.Space.Device)
-    diff = float(_max_abs(a_dev, reference))
-    if a_dev is not a:
-        a_dev.delete()
-    return diff
-
-
 def copy_rates(nbytes: int) -> dict:
     """GB/s of a contiguous pinned->device and device->pinned copy of ``nbytes`` (median of 5)."""
-    device = jax.devices()[0]
-    kinds = {k: jax.sharding.make_single_device_sharding(device, memory_kind=k)
-             for k in ("device", "pinned_host")}
+    kinds = {k: providers.single_device(k) for k in ("device", "pinned_host")}
     rates = {}
     for name, src, dst in (("h2d", "pinned_host", "device"), ("d2h", "device", "pinned_host")):
         buf = jax.device_put(jnp.zeros((max(1, nbytes // 4),), jnp.float32), kinds[src])
@@ -271,79 +114,6 @@ def copy_rates(nbytes: int) -> dict:
         rates[f"{name}_gbps"] = buf.nbytes / took.median_s / 1e9
     rates["bytes"] = max(1, nbytes // 4) * 4
     return rates
-
-
-# ---------------------------------------------------------------------------
-# One provider
-
-
-def run_provider(name: str, make: Callable[[], Provider], sets: list, args, reference,
-                 table0=None) -> tuple[dict, Any, list]:
-    """Checked call on ``sets[0]``, warm-up calls, timed calls on the rest.
-
-    Returns the record, the table kept as the reference (``device`` only) and the ids each
-    warm-up and timed call had cached (the cached providers). ``table0`` given: checked
-    against the numpy replay of :func:`transfer_scan` (bit for bit) instead."""
-    record = {"provider": name, "status": "ok", "us_per_step": None, "us_min": None,
-              "us_max": None, "max_abs_diff": None, "correct": None}
-    kept, caches = None, []
-    try:
-        p = make()
-        t0 = time.perf_counter()
-        p.state = jax.block_until_ready(p.call(p.state, *sets[0]))
-        if p.refresh:
-            p.state = p.refresh(p.state)
-        record["first_call_s"] = time.perf_counter() - t0
-        p.state, table = p.checked(p.state)
-        record["memory_kind"] = table.sharding.memory_kind
-        want_kind = "device" if name == "device" else "pinned_host"
-        if name == "device":
-            kept = jnp.copy(table)
-        elif table0 is not None or reference is not None:
-            replayed = None if table0 is None else transfer_replay(table0, np.asarray(sets[0][0]))
-            diff = max_abs_diff(table, reference if replayed is None else replayed)
-            tol = 0.0 if replayed is not None else args.tolerance * max(
-                1.0, float(_max_abs(reference)))
-            record.update(max_abs_diff=diff, tolerance=tol, checked_against="device table"
-                          if replayed is None else "numpy replay",
-                          correct=diff <= tol and record["memory_kind"] == want_kind)
-            if replayed is not None:
-                replayed.delete()
-        else:
-            record["note"] = "unchecked: no device table to check against"
-        scan_s, refresh_s = [], []
-        for k, inputs in enumerate(sets[1:]):
-            if k == args.warmup and p.reset:
-                p.state = p.reset(p.state)
-            if p.cached_ids:
-                caches.append(p.cached_ids(p.state))
-            p.state, took = timing.measure(p.call, p.state, *inputs, repeats=1, warmup=0)
-            scan_s.append(took.median_s)
-            if p.refresh:
-                p.state, took = timing.measure(p.refresh, p.state, repeats=1, warmup=0)
-                refresh_s.append(took.median_s)
-        scan_s, refresh_s = scan_s[args.warmup:], refresh_s[args.warmup:]
-        if p.stats:
-            s, calls = p.stats(p.state), args.repeats * args.steps
-            record.update(hit_rate=s["hits"] / max(1, s["lookups"]),
-                          cold_rows_per_step=s["cold_rows"] / calls,
-                          loads_per_refresh=s["loads"] / args.repeats,
-                          writebacks_per_refresh=s["writebacks"] / args.repeats)
-        jax.tree.map(lambda a: a.delete(), p.state)
-    except Exception as err:  # noqa: BLE001 - recorded; the run fails at the end
-        record.update(status="error", error=f"{type(err).__name__}: {err}"[:600])
-        if kept is not None:
-            kept.delete()
-        return record, None, []
-    total = np.add(scan_s, refresh_s) if refresh_s else np.asarray(scan_s)
-    per_step = 1e6 / args.steps
-    record.update(us_per_step=float(np.median(total)) * per_step,
-                  us_min=float(total.min()) * per_step, us_max=float(total.max()) * per_step,
-                  runs=len(total))
-    if refresh_s:
-        record.update(scan_us_per_step=float(np.median(scan_s)) * per_step,
-                      refresh_us_per_step=float(np.median(refresh_s)) * per_step)
-    return record, kept, caches
 
 
 # ---------------------------------------------------------------------------
@@ -360,9 +130,7 @@ def run_table(s: float, rows: int, args, progress) -> list[dict]:
     table0 = initial_table(args.seed, rows, args.dim)
     targets = jax.random.normal(jax.random.key(args.seed + 1), (*shape, args.dim)) / np.sqrt(
         args.dim)
-    device = jax.devices()[0]
-    on_device = jax.sharding.make_single_device_sharding(device, memory_kind="device")
-    pinned = jax.sharding.make_single_device_sharding(device, memory_kind="pinned_host")
+    on_device = providers.single_device("device")
     sets = [(jax.device_put(i, on_device), targets) for i in ids]
     opts = tuple(sorted(args.compiler_options.items()))
     records, reference = [], None
@@ -374,59 +142,31 @@ def run_table(s: float, rows: int, args, progress) -> list[dict]:
     for name in ("device", "uncached"):
         if name not in args.providers:
             continue
-        train = _jit(_sgd_scan(*READ_ADD[name], args.lr), opts)
-        start = (lambda: jnp.copy(table0)) if name == "device" else (
-            lambda: jax.device_put(table0, pinned))
-        record, kept, _ = run_provider(name, lambda t=train, f=start: Provider(f(), t), sets,
-                                       args, reference)
+        make = functools.partial(providers.table_provider, name, table0, args.lr, opts)
+        record, kept, _ = providers.run_provider(name, make, sets, args, reference)
         reference = kept if name == "device" else reference
         add(record)
     for fraction in args.cache_fraction:
         cache_rows = max(1, min(rows, round(fraction * rows)))
         extra = {"cache_fraction": fraction, "cache_rows": cache_rows}
-        caches, stats = None, None
+        caches, cached_record = None, None
         for name in CACHED:
             if name not in args.providers:
                 continue
-            make = functools.partial(
-                lambda n, c: cached_provider(jax.device_put(table0, pinned), c, args.policy,
-                                             args.lr, n == "cached_pipeline", sets[0][0], opts),
-                name, cache_rows)
-            record, _, seen = run_provider(name, make, sets, args, reference)
+            # Looked up on the module at run time: a test swaps in a broken one.
+            make = functools.partial(providers.cached_provider, table0, cache_rows, args.policy,
+                                     args.lr, name == "cached_pipeline", sets[0][0], opts)
+            record, _, seen = providers.run_provider(name, make, sets, args, reference)
             if record["status"] == "ok":
-                caches, stats = seen, record
+                caches, cached_record = seen, record
             add(record, **extra)
         if "transfer" in args.providers:
-            add(run_floor(table0, ids[1:], caches, stats, args, pinned, on_device, opts),
+            add(providers.run_floor(table0, ids[1:], caches, cached_record, args, opts),
                 **extra)
     if reference is not None:
         reference.delete()
     table0.delete()
     return records
-
-
-def run_floor(table0, ids, caches, stats, args, pinned, on_device, opts) -> dict:
-    """The ``transfer`` provider on the cold rows each warm-up and timed call had."""
-    if caches is None:
-        return {"provider": "transfer", "status": "error", "us_per_step": None,
-                "correct": None, "error": "no cache ran: cached or cached_pipeline must"}
-    num_rows = table0.shape[0]
-    cold = [cold_rows(i, c, num_rows) for i, c in zip(ids, caches, strict=True)]
-    width = max(1, *(r.size for steps in cold for r in steps))  # one shape: one compile
-    reads = [padded(steps, num_rows, width) for steps in cold]
-    pairs = [(jax.device_put(transfer_rows(r, num_rows), on_device), None) for r in reads]
-    train = _jit(transfer_scan, opts)
-    # The checked call repeats the first warm-up call's rows.
-    record, _, _ = run_provider(
-        "transfer", lambda: Provider(jax.device_put(table0, pinned), train),
-        [pairs[0], *pairs], args, None, table0=table0)
-    timed = reads[args.warmup:]
-    record["cold_rows_per_step"] = float(np.mean([(r < num_rows).sum(1) for r in timed]))
-    counted = stats.get("cold_rows_per_step")
-    if record["status"] == "ok" and not np.isclose(counted, record["cold_rows_per_step"]):
-        record.update(status="error", error=f"the floor moved {record['cold_rows_per_step']:g} "
-                      f"cold rows a step, the cache counted {counted:g}")
-    return record
 
 
 # ---------------------------------------------------------------------------
@@ -463,11 +203,11 @@ def summarize(records: list[dict], rates: dict, on_gpu: bool) -> dict:
               and r.get("cache_fraction", fraction) == fraction}
         us = {name: checked_us(at.get(name)) for name in PROVIDERS}
         cell = {"zipf_s": s, "rows": rows, "cache_fraction": fraction}
-        label = (f"s={s:g}, {report.format_bytes(at[next(iter(at))]['table_bytes'])}, "
-                 f"cache {fraction:.0%}")
+        table_bytes = next(iter(at.values()))["table_bytes"]
+        label = f"s={s:g}, {report.format_bytes(table_bytes)}, cache {fraction:.0%}"
         cold = next((at[n].get("cold_rows_per_step") for n in CACHED if n in at), None)
         if cold is not None:
-            row_bytes = at[next(iter(at))]["table_bytes"] / rows
+            row_bytes = table_bytes / rows
             cell["bytes_floor_us"] = cold * row_bytes * (1 / rates["h2d_gbps"]
                                                          + 1 / rates["d2h_gbps"]) / 1e3
         if us["device"] and us["transfer"]:

@@ -13,6 +13,7 @@ import pytest
 
 import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
 from benchmarks import training
+from benchmarks import training_providers as providers
 from tests.benchmark_helpers import REPO, explain, records, run_cli
 
 # ---------------------------------------------------------------------------
@@ -81,8 +82,7 @@ def test_training_fails_a_wrong_table_and_a_table_it_could_not_check(tmp_path, m
     import pallas_pinned as pp
 
     # "uncached" sets where it should add: every row it touches ends wrong.
-    monkeypatch.setitem(training.READ_ADD, "uncached",
-                        (pp.gather_from_host, pp.scatter_to_host))
+    monkeypatch.setitem(providers.READ_ADD, "uncached", (pp.gather_from_host, pp.scatter_to_host))
     rc, found = _main(tmp_path, "device,uncached")
     assert rc == 1 and found["device"]["status"] == "ok"
     assert found["uncached"]["correct"] is False and found["uncached"]["max_abs_diff"] > 1e-3
@@ -91,9 +91,9 @@ def test_training_fails_a_wrong_table_and_a_table_it_could_not_check(tmp_path, m
     def boom(x, i):
         raise ValueError("the reference raises")
 
-    monkeypatch.setitem(training.READ_ADD, "device", (boom, training.READ_ADD["device"][1]))
-    monkeypatch.setitem(training.READ_ADD, "uncached", (pp.gather_from_host,
-                                                        pp.scatter_add_to_host))
+    monkeypatch.setitem(providers.READ_ADD, "device", (boom, providers.READ_ADD["device"][1]))
+    monkeypatch.setitem(providers.READ_ADD, "uncached", (pp.gather_from_host,
+                                                         pp.scatter_add_to_host))
     rc, found = _main(tmp_path, "device,uncached")
     out = capsys.readouterr().out
     assert rc == 1 and "ValueError" in found["device"]["error"]
@@ -106,7 +106,7 @@ def test_training_fails_a_provider_that_raises_and_gives_no_ratio_for_it(tmp_pat
     def broken(*args):
         raise RuntimeError("the cached table is broken on purpose")
 
-    monkeypatch.setattr(training, "cached_provider", broken)
+    monkeypatch.setattr(providers, "cached_provider", broken)
     rc, found = _main(tmp_path, "device,cached_pipeline,transfer")
     out = capsys.readouterr().out
     assert rc == 1
@@ -120,10 +120,10 @@ def test_training_fails_a_provider_that_raises_and_gives_no_ratio_for_it(tmp_pat
 @pytest.mark.parametrize("broken", ["moves nothing", "other rows"])
 def test_training_fails_a_floor_that_moves_nothing_or_other_rows(tmp_path, monkeypatch, broken):
     if broken == "moves nothing":
-        monkeypatch.setattr(training, "transfer_scan", lambda table, rows, targets: table)
+        monkeypatch.setattr(providers, "transfer_scan", lambda table, rows, targets: table)
     else:  # each step's first cold row left out: fewer rows than the cache counted
-        real = training.cold_rows
-        monkeypatch.setattr(training, "cold_rows",
+        real = providers.cold_rows
+        monkeypatch.setattr(providers, "cold_rows",
                             lambda *a: [r[1:] for r in real(*a)])
     rc, found = _main(tmp_path, "device,cached,transfer")
     assert rc == 1 and found["cached"]["correct"] is True
@@ -139,18 +139,18 @@ def test_transfer_rows_move_each_read_row_into_the_next_and_the_replay_follows()
     import jax.numpy as jnp
 
     ids = np.array([[5, 3, 5, 9], [2, 2, 2, 2]], np.int32)
-    cold = training.cold_rows(ids, np.array([2, -1]), 10)  # 2 cached; -1: an empty slot
+    cold = providers.cold_rows(ids, np.array([2, -1]), 10)  # 2 cached; -1: an empty slot
     assert [c.tolist() for c in cold] == [[3, 5, 9], []]
-    reads = training.padded(cold, 10, 3)
+    reads = providers.padded(cold, 10, 3)
     np.testing.assert_array_equal(reads, [[3, 5, 9], [10, 11, 12]])
-    rows = training.transfer_rows(reads, 10)
+    rows = providers.transfer_rows(reads, 10)
     np.testing.assert_array_equal(rows[:, 1], [[5, 9, 13], [11, 12, 13]])  # written: sorted
     table0 = jnp.arange(40, dtype=jnp.float32).reshape(10, 4)
     want = np.array(table0)
     want[[5, 9]] = want[[3, 5]]  # step 0; step 1 moves nothing in range
-    np.testing.assert_array_equal(training.transfer_replay(table0, rows), want)
+    np.testing.assert_array_equal(providers.transfer_replay(table0, rows), want)
     pinned = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
-    moved = jax.jit(training.transfer_scan)(jax.device_put(table0, pinned), rows, None)
+    moved = jax.jit(providers.transfer_scan)(jax.device_put(table0, pinned), rows, None)
     np.testing.assert_array_equal(jax.device_put(moved, jax.memory.Space.Device), want)
 
 
