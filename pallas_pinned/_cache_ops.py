@@ -19,6 +19,7 @@ from pallas_pinned._cache_optim import (
     apply_optimizer,
     check_optimizer,
     compute_dtype,
+    plus,
     sum_runs,
 )
 from pallas_pinned._cache_state import (
@@ -206,11 +207,6 @@ def summed(batch: Plan, values: jax.Array, dtype) -> jax.Array:
     return sum_runs(values, batch.order, batch.start, batch.run, dtype)
 
 
-def _plus(rows: jax.Array, deltas: jax.Array) -> jax.Array:
-    dtype = compute_dtype(rows.dtype)
-    return (rows.astype(dtype) + deltas.astype(dtype)).astype(rows.dtype)
-
-
 def new_rows(cache: CachedTable, batch: Plan, values: tuple, update, where: str) -> tuple:
     """Each table's distinct rows of a batch after ``update`` (None where unchanged):
     :class:`Grads` through the optimizer, :class:`Deltas` added, None nothing."""
@@ -224,7 +220,7 @@ def new_rows(cache: CachedTable, batch: Plan, values: tuple, update, where: str)
         return new + none[len(new):]
     if isinstance(update, Deltas):
         deltas = check_updates(update.deltas, cache, b, where, "deltas")
-        return tuple(None if d is None else _plus(v, d) for v, d in zip(values, deltas,
+        return tuple(None if d is None else plus(v, d) for v, d in zip(values, deltas,
                                                                         strict=True))
     raise TypeError(f"{where}: the update must say what it is: cached_table.Grads(g) for "
                     "per-entry gradients (B, ...) aligned with the ids (the table's optimizer "
@@ -351,7 +347,7 @@ def add_rows(cache: CachedTable, ids: Any, deltas: Any) -> CachedTable:
 def _add_rows(cache: CachedTable, ids: jax.Array, deltas: tuple) -> CachedTable:
     batch = plan(cache, narrow_ids(ids, cache.num_rows))
     values = assemble(cache, batch.keys, read_cold(cache.tables, batch.keys))
-    new = tuple(None if d is None else _plus(v, summed(batch, d, compute_dtype(v.dtype)))
+    new = tuple(None if d is None else plus(v, summed(batch, d, compute_dtype(v.dtype)))
                 for v, d in zip(values, deltas, strict=True))
     return write(cache, batch, new)
 

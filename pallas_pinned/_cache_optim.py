@@ -254,11 +254,31 @@ def check_optimizer(optimizer: Any) -> None:
                         f"{type(optimizer).__name__}")
 
 
+def fenced(fn: Callable, *args):
+    """``fn(*args)`` with its inputs and result materialized (``optimization_barrier``): XLA
+    fuses a multiply and an add into one FMA, or not, by what surrounds them; fenced, an
+    update's arithmetic is the same in every program (any cache size, prefetch or not)."""
+    return lax.optimization_barrier(fn(*lax.optimization_barrier(args)))
+
+
+def plus(rows: jax.Array, deltas: jax.Array) -> jax.Array:
+    """``rows + deltas`` in the compute dtype, rounded once to the rows' dtype."""
+    def add(rows, deltas):
+        dtype = compute_dtype(rows.dtype)
+        return (rows.astype(dtype) + deltas.astype(dtype)).astype(rows.dtype)
+
+    return fenced(add, rows, deltas)
+
+
 def apply_optimizer(optimizer: RowOptimizer, values: tuple, grads: jax.Array) -> tuple:
     """The new rows and state rows (as stored: each table's dtype) of a batch's distinct
     rows ``values`` (the table's, then its state's) with summed ``grads``."""
     k = len(optimizer.state)
-    rows, state = values[0], values[1:1 + k]
+    return fenced(lambda v, g: _apply(optimizer, v, g), tuple(values[:1 + k]), grads)
+
+
+def _apply(optimizer: RowOptimizer, values: tuple, grads: jax.Array) -> tuple:
+    rows, state = values[0], values[1:]
     dtype = compute_dtype(rows.dtype)
     new_rows, new_state = optimizer.update(rows.astype(dtype), grads.astype(dtype), state)
     if new_rows.shape != rows.shape:
@@ -283,7 +303,7 @@ def sum_runs(values: jax.Array, order: jax.Array, start: jax.Array, run: jax.Arr
     the run sits in the batch and whatever else the batch holds (no scatter-add, whose
     order XLA does not promise).
     """
-    v = values.astype(dtype)[order]
+    v = lax.optimization_barrier(values).astype(dtype)[order]  # as :func:`fenced`
     b = v.shape[0]
     pos = jnp.arange(b, dtype=jnp.int32)
     offset = pos - lax.cummax(jnp.where(start, pos, 0))

@@ -2,13 +2,12 @@
 
 Checked against numpy models of the table on CPU: reads, adds and sets with repeated and
 out-of-range ids, refresh and eviction (fuzzed), flush, the pipelined training against a
-device table, the prefetch hazard, the refusals, and the benchmark's quick mode.
+device table, the prefetch hazard and the refusals.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 
 import hypothesis.strategies as st
 import jax
@@ -17,7 +16,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-import tests.benchmark_helpers  # noqa: F401  (puts the repository root on sys.path)
 from pallas_pinned import cached_table as ct
 
 N, D, C, B = 40, 3, 6, 8
@@ -272,17 +270,3 @@ def test_the_public_module_keeps_its_surface():
     assert set(ct.__all__) == surface
     assert all(hasattr(ct, name) for name in surface)
     assert "_patch_staged" in inspect.signature(ct.scan).parameters
-
-
-def test_benchmark_quick_runs_on_cpu_and_writes_its_json(tmp_path):
-    from benchmarks import cached_table as bench
-
-    assert bench.main(["--quick", "--cpu", "--warmup", "1", "--repeats", "1",
-                       "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "cached_table.json").read_text())
-    names = {r["provider"] for r in result["records"]}
-    assert names == set(bench.PROVIDERS)
-    assert all(r["status"] == "ok" and r["correct"] is not False for r in result["records"])
-    cached = {r["provider"]: r for r in result["records"]}["cached_pipeline"]
-    assert 0 < cached["hit_rate"] < 1 and cached["cold_rows_per_step"] > 0
-    assert result["summary"]["ratio_to_device"]["cached_pipeline"] > 0
