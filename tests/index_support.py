@@ -49,8 +49,8 @@ def update_values(rng, shape, dtype=np.float32) -> np.ndarray:
 def method_values(rng, method: str, shape, buffer: np.ndarray, dtype) -> np.ndarray:
     """The values a write of ``method`` takes: for min and max integers among the buffer's
     own (1 to its size), so that either side wins somewhere (negative ones never win a max,
-    and always a min); for the rest :func:`update_values`."""
-    if method in ("min", "max"):
+    and always a min); for the rest, and an empty buffer, :func:`update_values`."""
+    if method in ("min", "max") and buffer.size:
         return rng.integers(1, buffer.size + 1, size=shape).astype(dtype)
     return update_values(rng, shape, dtype)
 
