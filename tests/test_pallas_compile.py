@@ -40,6 +40,12 @@ def _kernels():
             lambda x, r, u: sp.scatter_rows_fused(x, r, u, mode=None),
             raw, raw_updates,
         ),
+        # Promised distinct as written: the duplicate search behind a check for negatives.
+        "scatter_rows_fused_unless_negative": (
+            lambda x, r, u: sp.scatter_rows_fused(x, r, u, mode=None,
+                                                  distinct="unless_negative"),
+            raw, raw_updates,
+        ),
         "gather_rows": (lambda x, r: gp.gather_rows(x, r), rows),
         "stable_order": (lambda x, r: op.stable_order(r), rows),  # the chunk loop
         "stable_order_one_chunk": (lambda x, r: op.stable_order(r), S((1024,), jnp.int32)),
@@ -59,6 +65,10 @@ def _kernels():
             ),
             raw, raw_updates,
         )
+    cases["add_fused_unless_negative"] = (
+        lambda x, r, u: ap.scatter_add_rows_fused(x, r, u, mode=None, distinct="unless_negative"),
+        raw, raw_updates,
+    )
     return cases
 
 
