@@ -1,24 +1,28 @@
-"""A recommender's training with its embedding table pinned, cached and checkpointed.
+"""A DLRM-style recommender trained with its embedding tables pinned, cached and checkpointed.
 
-An embedding table of ``--rows`` x ``--dim`` float32 lives in ``pinned_host`` memory,
-with row-wise Adagrad accumulators ``(rows, 1)`` beside it (a companion table: same ids,
-same cache slots). Each step takes ``--samples`` samples of ``--bag`` Zipf ids, sums
-their rows, feeds a small dense model (one hidden layer) and trains a click label:
-row-wise Adagrad on the rows the step touched, SGD on the dense weights.
-``pallas_pinned.cached_table`` keeps the ``--cache-rows`` busiest rows in device memory;
-each jitted ``cached_table.scan`` of ``--refresh-every`` steps runs with the prefetch
-pipeline, then the cache is refreshed.
+``--tables`` embedding tables of mixed sizes (a few rows to ``--max-rows``), ``--dim``
+wide, live in ``pinned_host`` memory; ``pallas_pinned.cached_table`` keeps a
+``--cache-fraction`` of each one's rows on the device. A step takes ``--samples`` samples:
+dense features through a bottom MLP, and for each table a bag of ``--bag`` Zipf ids whose
+rows are summed; the pairwise dot products of those vectors feed a top MLP that predicts a
+click. The dense weights train with ``optax.adam``; the tables with the optimizer built
+into each cache (FBGEMM's row-wise Adagrad, element-wise Adagrad for the last two): the
+step hands back each entry's gradient (``cached_table.Grads``), the library sums them per
+row and updates the touched rows. All tables go through one ``cached_table.scan`` per
+``--refresh-every`` steps (one compiled program), then a refresh.
 
-Half way through, the cache is flushed and the tables, dense weights and step are saved
-with orbax; the run then restores them (into pinned memory) into a new cache and
-finishes. Checks: the resumed run ends where an uninterrupted one does, both match the
-same training on a device-resident table (within 1e-5: repeated ids sum their gradients in
-another order), the loss fell, and the tables stayed in pinned memory. Exit status 0 only
-when every check holds.
+Checks (exit status 0 only when every one holds): a run saved half way with orbax,
+restored into new caches and finished ends bit-identical to the uninterrupted run
+(tables, optimizer state, losses); a run whose caches stay empty (every row read from and
+written to pinned memory) is bit-identical too (tests/test_cached_training.py compares
+cache sizes of one row, a few and all);
+the same training on device-resident tables (``jax.grad`` through ``table[ids]``, optax's
+Adagrad and a plain-jnp row-wise Adagrad) agrees within ``TOLERANCE`` (repeated ids sum
+their gradients in another order there); the loss fell; the tables stayed in pinned memory.
 
-    python examples/cached_embedding.py                   # small, seconds on a CPU
-    python examples/cached_embedding.py --rows 4000000 --dim 64 --samples 1024 \\
-        --cache-rows 200000 --steps 400 --refresh-every 100   # a GPU-sized table (1 GiB)
+    python examples/cached_embedding.py                    # small, seconds on a CPU
+    python examples/cached_embedding.py --max-rows 4000000 --dim 64 --samples 2048 \\
+        --steps 400 --refresh-every 100                    # GPU-sized tables
 """
 
 from __future__ import annotations
@@ -30,163 +34,226 @@ import tempfile
 import numpy as np
 from _common import placements, print_checks, verdict  # examples/ is on sys.path when run
 
-TOLERANCE = 1e-5
-
-
-def training_parser(description: str, **defaults) -> argparse.ArgumentParser:
-    """The arguments of the training (``defaults`` overrides the small CPU sizes)."""
-    d = {"rows": 3000, "dim": 8, "samples": 32, "bag": 4, "hidden": 16, "cache_rows": 150,
-         "steps": 24, "refresh_every": 4, **defaults}
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--rows", type=int, default=d["rows"], help="embedding rows")
-    p.add_argument("--dim", type=int, default=d["dim"], help="embedding width")
-    p.add_argument("--samples", type=int, default=d["samples"], help="samples per step")
-    p.add_argument("--bag", type=int, default=d["bag"], help="ids per sample (summed)")
-    p.add_argument("--hidden", type=int, default=d["hidden"],
-                   help="hidden units of the dense model")
-    p.add_argument("--cache-rows", type=int, default=d["cache_rows"],
-                   help="rows cached on the device")
-    p.add_argument("--steps", type=int, default=d["steps"], help="training steps")
-    p.add_argument("--refresh-every", type=int, default=d["refresh_every"],
-                   help="steps per scan and refresh")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    return p
+TOLERANCE = 2e-5
+DENSE_FEATURES = 4
 
 
 def parse_args(argv=None):
-    p = training_parser(__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tables", type=int, default=8, help="embedding tables (>= 3)")
+    p.add_argument("--max-rows", type=int, default=20000, help="rows of the largest table")
+    p.add_argument("--dim", type=int, default=8, help="embedding width")
+    p.add_argument("--samples", type=int, default=32, help="samples per step")
+    p.add_argument("--bag", type=int, default=3, help="ids per sample and table (summed)")
+    p.add_argument("--hidden", type=int, default=16, help="hidden units of the MLPs")
+    p.add_argument("--cache-fraction", type=float, default=0.05,
+                   help="share of each table's rows cached on the device")
+    p.add_argument("--steps", type=int, default=12, help="training steps")
+    p.add_argument("--refresh-every", type=int, default=3, help="steps per scan and refresh")
+    p.add_argument("--lr", type=float, default=0.05, help="embedding learning rate")
+    p.add_argument("--dense-lr", type=float, default=0.01, help="optax.adam's learning rate")
+    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.steps % (2 * args.refresh_every):
-        p.error("--steps must be a multiple of 2 * --refresh-every (the checkpoint is half way)")
+    if args.tables < 3 or args.steps % (2 * args.refresh_every):
+        p.error("--tables must be >= 3 and --steps a multiple of 2 * --refresh-every "
+                "(the checkpoint is half way)")
     return args
 
 
+def table_rows(args) -> list[int]:
+    """Mixed sizes: from 3 rows up to ``--max-rows``, geometrically."""
+    return [int(r) for r in np.geomspace(3, args.max_rows, args.tables).round()]
+
+
+def optimizers(args):
+    from pallas_pinned import cached_table
+
+    n = args.tables
+    return [cached_table.adagrad(args.lr) if t >= n - 2 else
+            cached_table.rowwise_adagrad(args.lr) for t in range(n)]
+
+
 def make_data(args):
-    """Zipf ids ``(steps, samples * bag)``, labels from a hidden model, initial weights."""
+    """Per table: Zipf ids ``(steps, samples * bag)`` and an initial table; dense features,
+    labels from a hidden model, and the dense weights."""
     rng = np.random.default_rng(args.seed)
-    ids = np.minimum(rng.zipf(1.2, (args.steps, args.samples * args.bag)) - 1,
-                     args.rows - 1).astype(np.int32)
-    ids = rng.permutation(args.rows).astype(np.int32)[ids]  # popular ids spread out
-    truth = rng.standard_normal((args.rows, args.dim)).astype(np.float32)
-    pooled = truth[ids].reshape(args.steps, args.samples, args.bag, args.dim).sum(2)
-    labels = (pooled @ rng.standard_normal(args.dim) > 0).astype(np.float32)
-    scale = np.float32(1 / np.sqrt(args.dim))
-    table = (scale * rng.standard_normal((args.rows, args.dim))).astype(np.float32)
-    dense = {"w1": (scale * rng.standard_normal((args.dim, args.hidden))).astype(np.float32),
-             "w2": (rng.standard_normal((args.hidden,)) / np.sqrt(args.hidden)).astype(
-                 np.float32)}
-    return ids, labels, table, dense
+    ids, tables, logit = [], [], 0.0
+    shape = (args.steps, args.samples, DENSE_FEATURES)
+    dense_x = rng.standard_normal(shape).astype(np.float32)
+    for n in table_rows(args):
+        rank = np.minimum(rng.zipf(1.2, (args.steps, args.samples * args.bag)) - 1, n - 1)
+        i = rng.permutation(n).astype(np.int32)[rank]  # popular ids spread out
+        ids.append(i)
+        truth = rng.standard_normal(n).astype(np.float32)
+        logit = logit + truth[i].reshape(args.steps, args.samples, args.bag).sum(-1)
+        tables.append((rng.standard_normal((n, args.dim)) / np.sqrt(args.dim)).astype(
+            np.float32))
+    logit = logit / np.sqrt(args.tables * args.bag) + dense_x @ rng.standard_normal(
+        DENSE_FEATURES)
+    labels = (logit > 0).astype(np.float32)
+    features = (args.tables + 1) * args.tables // 2 + args.dim
+
+    def layer(m, n):
+        return {"w": (rng.standard_normal((m, n)) / np.sqrt(m)).astype(np.float32),
+                "b": np.zeros(n, np.float32)}
+
+    dense = {"bottom": [layer(DENSE_FEATURES, args.hidden), layer(args.hidden, args.dim)],
+             "top": [layer(features, args.hidden), layer(args.hidden, 1)]}
+    return ids, tables, dense_x, labels, dense
 
 
-def loss_fn(dense, emb, args, labels):
-    """Mean logistic loss of the samples, ``emb`` each entry's row ``(samples * bag, dim)``."""
+def loss_fn(dense, embs, x, labels, args):
+    """DLRM: bottom MLP, pooled bags, pairwise dot products, top MLP; the mean logistic
+    loss. ``embs``: each table's per-entry rows ``(samples * bag, dim)``."""
     import jax
     import jax.numpy as jnp
 
-    pooled = emb.reshape(args.samples, args.bag, args.dim).sum(1)
-    logits = jax.nn.relu(pooled @ dense["w1"]) @ dense["w2"]
-    return jnp.mean(jnp.logaddexp(0.0, logits) - labels * logits)
+    def mlp(layers, h):
+        for k, lay in enumerate(layers):
+            h = h @ lay["w"] + lay["b"]
+            h = jax.nn.relu(h) if k < len(layers) - 1 else h
+        return h
+
+    bottom = mlp(dense["bottom"], x)
+    pooled = [e.reshape(args.samples, args.bag, args.dim).sum(1) for e in embs]
+    v = jnp.stack([bottom, *pooled], axis=1)  # (samples, tables + 1, dim)
+    upper = np.triu_indices(v.shape[1], k=1)
+    dots = jnp.einsum("sid,sjd->sij", v, v)[:, upper[0], upper[1]]
+    logits = mlp(dense["top"], jnp.concatenate([bottom, dots], axis=1))[:, 0]
+    return jnp.mean(jax.nn.softplus(logits) - labels * logits)
 
 
-def adagrad(rows, acc, grad, lr):
-    """Row-wise Adagrad: one accumulator per row, the mean of its squared gradient."""
-    import jax.numpy as jnp
-
-    g2 = jnp.mean(grad * grad, axis=-1, keepdims=True)
-    return -lr * grad / (jnp.sqrt(acc + g2) + 1e-8), g2
-
-
-def cached_step(args):
+def trainer(args, on_device):
+    """``train(caches, dense, opt_state, data, start, stop)``: steps ``start..stop``, one
+    pipelined scan of every table per refresh interval, then a refresh of all.
+    ``on_device``: the dense state's sharding, of the tables' kind (one program serves)."""
     import jax
+    import optax
 
-    def step(dense, rows, labels):
-        emb, acc = rows.values  # the batch's distinct rows and their accumulators
-        loss, (g_dense, g_rows) = jax.value_and_grad(
-            lambda d, e: loss_fn(d, e[rows.inverse], args, labels), argnums=(0, 1))(dense, emb)
-        deltas = adagrad(emb, acc, g_rows, args.lr)
-        dense = jax.tree.map(lambda w, g: w - args.lr * g, dense, g_dense)
-        return dense, deltas, loss
+    from pallas_pinned import cached_table
 
-    return step
+    tx = optax.adam(args.dense_lr)
+
+    def step(carry, rows, xs):
+        dense, opt_state = carry
+        x, labels = xs
+        embs = [r.per_entry() for r in rows]  # each entry's row: what the gradients are of
+        loss, (g_dense, g_embs) = jax.value_and_grad(loss_fn, argnums=(0, 1))(
+            dense, embs, x, labels, args)
+        updates, opt_state = tx.update(g_dense, opt_state, dense)
+        dense = optax.apply_updates(dense, updates)
+        return (dense, opt_state), tuple(cached_table.Grads(g) for g in g_embs), loss
+
+    run = jax.jit(lambda c, carry, i, xs: cached_table.scan(step, c, carry, i, xs),
+                  donate_argnums=0)
+
+    def train(caches, dense, opt_state, data, start, stop, refresh=True):
+        ids, _, dense_x, labels, _ = data
+        # Placed as the scan returns them: every call runs one program.
+        dense, opt_state = jax.device_put((dense, opt_state), on_device)
+        losses = []
+        for s in range(start, stop, args.refresh_every):
+            part = slice(s, s + args.refresh_every)
+            caches, (dense, opt_state), loss = run(
+                caches, (dense, opt_state), tuple(i[part] for i in ids),
+                (dense_x[part], labels[part]))
+            if refresh:
+                caches = cached_table.refresh(caches)
+            losses.append(np.asarray(loss))
+        return caches, dense, opt_state, np.concatenate(losses)
+
+    return tx, train
 
 
-def device_training(args, table, dense, ids, labels):
-    """The same training on a device-resident table (dense gradients of the whole table)."""
+def device_training(args, data):
+    """The same training on device-resident tables: dense gradients of every table through
+    ``table[ids]``; optax's Adagrad, and row-wise Adagrad in plain jnp (a zero gradient
+    leaves a row and its accumulator as they are, so untouched rows stay)."""
     import jax
     import jax.numpy as jnp
+    import optax
 
-    def step(state, xs):
-        table, acc, dense = state
-        i, y = xs
-        loss, (g_dense, g_table) = jax.value_and_grad(
-            lambda d, t: loss_fn(d, t[i], args, y), argnums=(0, 1))(dense, table)
-        delta, g2 = adagrad(table, acc, g_table, args.lr)  # untouched rows: zero gradient
-        dense = jax.tree.map(lambda w, g: w - args.lr * g, dense, g_dense)
-        return (table + delta, acc + g2, dense), loss
+    ids, tables, dense_x, labels, dense = data
+    tx = optax.adam(args.dense_lr)
+    table_tx = [optax.adagrad(o.learning_rate) if o.name == "adagrad" else None
+                for o in optimizers(args)]
+    state = [jnp.zeros(t.shape[0]) if s is None else s.init(jnp.asarray(t))
+             for s, t in zip(table_tx, tables, strict=True)]
 
-    acc = jnp.zeros((args.rows, 1), jnp.float32)
-    (table, _, _), losses = jax.jit(lambda s, x: jax.lax.scan(step, s, x))(
-        (jnp.asarray(table), acc, dense), (ids, labels))
-    return np.asarray(table), np.asarray(losses)
+    def step(carry, xs):
+        tables, state, dense, opt_state = carry
+        batch, x, y = xs
+        loss, (g_dense, g_tables) = jax.value_and_grad(
+            lambda d, ts: loss_fn(d, [t[i] for t, i in zip(ts, batch, strict=True)], x, y,
+                                  args), argnums=(0, 1))(dense, tables)
+        new_tables, new_state = [], []
+        for t, g, s, t_tx in zip(tables, g_tables, state, table_tx, strict=True):
+            if t_tx is None:  # FBGEMM's row-wise Adagrad
+                s = s + jnp.mean(g * g, axis=1)
+                t = t - (args.lr / (jnp.sqrt(s) + 1e-8))[:, None] * g
+            else:
+                u, s = t_tx.update(g, s, t)
+                t = optax.apply_updates(t, u)
+            new_tables.append(t)
+            new_state.append(s)
+        updates, opt_state = tx.update(g_dense, opt_state, dense)
+        return (new_tables, new_state, optax.apply_updates(dense, updates), opt_state), loss
+
+    carry = ([jnp.asarray(t) for t in tables], state, dense, tx.init(dense))
+    (tables, _, _, _), losses = jax.jit(lambda c, xs: jax.lax.scan(step, c, xs))(
+        carry, (tuple(ids), dense_x, labels))
+    return [np.asarray(t) for t in tables], np.asarray(losses)
 
 
-def trainer(args):
-    """``train(cache, dense, ids, labels, start, stop)``: steps ``start..stop``, a pipelined
-    scan per refresh interval, then a refresh (one compiled scan for every call)."""
+def new_caches(args, tables, pinned, state=None):
     import jax
 
     from pallas_pinned import cached_table
 
-    step = cached_step(args)
-    run = jax.jit(lambda c, d, i, y: cached_table.scan(step, c, d, i, y), donate_argnums=0)
-    return lambda *a: train(args, run, *a)
+    return tuple(
+        cached_table.create(jax.device_put(t, pinned) if isinstance(t, np.ndarray) else t,
+                            max(1, int(args.cache_fraction * t.shape[0])),
+                            optimizer=o, state=None if state is None else state[k])
+        for k, (t, o) in enumerate(zip(tables, optimizers(args), strict=True)))
 
 
-def train(args, run, cache, dense, ids, labels, start: int, stop: int):
-    from pallas_pinned import cached_table
-
-    losses = []
-    for s in range(start, stop, args.refresh_every):
-        part = slice(s, s + args.refresh_every)
-        cache, dense, loss = run(cache, dense, ids[part], labels[part])
-        cache = cached_table.refresh(cache)
-        losses.append(np.asarray(loss))
-    return cache, dense, np.concatenate(losses)
+def snapshot(caches) -> list:
+    """Each flushed cache's table and state tables, as host numpy arrays."""
+    return [[np.asarray(t) for t in c.tables] for c in caches]
 
 
-def save(path, cache, dense, step):
+def save(path, caches, dense, opt_state, step):
+    """Flushes the caches (the pinned tables then hold every update) and saves the tables,
+    their optimizer state, the dense weights and optax's state; returns the caches and the
+    checkpoint's abstract tree (what a restoring process would build from its config)."""
+    import jax
     import orbax.checkpoint as ocp
 
     from pallas_pinned import cached_table
 
-    cache = cached_table.flush(cache)  # the pinned tables hold every update now
+    caches = cached_table.flush(caches)
+    tree = {"tables": [c.table for c in caches], "state": [list(c.state) for c in caches],
+            "dense": dense, "opt_state": opt_state, "step": step}
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(path, {"table": cache.table, "acc": cache.companions[0],
-                             "dense": dense, "step": step})
+    checkpointer.save(path, tree)
     checkpointer.wait_until_finished()
-    return cache
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                           sharding=a.sharding)
+                            if hasattr(a, "sharding") else a, tree)
+    return caches, abstract
 
 
-def restore(path, args, pinned):
-    import jax
+def restore(path, abstract, args, pinned):
     import orbax.checkpoint as ocp
 
     import pallas_pinned
-    from pallas_pinned import cached_table
 
-    def host(shape):
-        return jax.ShapeDtypeStruct(shape, np.float32, sharding=pinned)
-
-    target = {"table": host((args.rows, args.dim)), "acc": host((args.rows, 1)),
-              "dense": {"w1": jax.ShapeDtypeStruct((args.dim, args.hidden), np.float32),
-                        "w2": jax.ShapeDtypeStruct((args.hidden,), np.float32)},
-              "step": 0}
-    state = ocp.StandardCheckpointer().restore(path, target)
+    tree = ocp.StandardCheckpointer().restore(path, abstract)
     # A restored buffer's type can say device memory: fix_memory_space re-describes it.
-    table, acc = (pallas_pinned.fix_memory_space(state[k]) for k in ("table", "acc"))
-    cache = cached_table.create(table, args.cache_rows, companions=(acc,))
-    return cache, state["dense"], int(state["step"])
+    fix = pallas_pinned.fix_memory_space
+    caches = new_caches(args, [fix(t) for t in tree["tables"]], pinned,
+                        state=[tuple(fix(s) for s in st) for st in tree["state"]])
+    return caches, tree["dense"], tree["opt_state"], int(tree["step"])
 
 
 def main(argv=None) -> int:
@@ -195,44 +262,60 @@ def main(argv=None) -> int:
 
     from pallas_pinned import cached_table
 
-    dev, pinned, _ = placements()
-    ids, labels, table0, dense0 = make_data(args)
-    acc0 = np.zeros((args.rows, 1), np.float32)
-
-    def fresh_cache():
-        return cached_table.create(jax.device_put(table0, pinned), args.cache_rows,
-                                   companions=(jax.device_put(acc0, pinned),))
-
+    dev, _, _ = placements()
+    # One sharding for the pinned tables, fresh or restored: orbax restores into it with the
+    # pinned memory in the arrays' type, so a resumed run reuses the programs compiled.
+    mesh = jax.sharding.Mesh(np.array([dev]), ("tables",))
+    pinned, on_device = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(),
+                                                    memory_kind=kind)
+                         for kind in ("pinned_host", "device"))
+    data = make_data(args)
+    _, tables0, _, _, dense0 = data
+    tx, train = trainer(args, on_device)
     half = args.steps // 2
-    train_steps = trainer(args)
+
     # Uninterrupted.
-    cache, _, losses = train_steps(fresh_cache(), dense0, ids, labels, 0, args.steps)
-    cache = cached_table.flush(cache)
-    straight = np.asarray(jax.device_put(cache.table, jax.memory.Space.Device))
-    hit_rate = cached_table.stats(cache)["hit_rate"]
+    caches, _, _, losses = train(new_caches(args, tables0, pinned), dense0, tx.init(dense0),
+                                 data, 0, args.steps)
+    hit_rate = np.mean([s.hit_rate for s in cached_table.stats(caches)])
+    straight = snapshot(cached_table.flush(caches))
+    # The caches left empty (never refreshed): every row read from and written to pinned
+    # memory, by the same compiled program.
+    caches, _, _, cold_losses = train(new_caches(args, tables0, pinned), dense0,
+                                      tx.init(dense0), data, 0, args.steps, refresh=False)
+    cold = snapshot(cached_table.flush(caches))
     # Saved half way, restored, finished.
-    cache, dense, _ = train_steps(fresh_cache(), dense0, ids, labels, 0, half)
+    caches, dense, opt_state, first = train(new_caches(args, tables0, pinned), dense0,
+                                            tx.init(dense0), data, 0, half)
     with tempfile.TemporaryDirectory() as tmp:
-        cache = save(f"{tmp}/ckpt", cache, dense, half)
-        jax.tree.map(lambda a: a.delete(), cache)  # the run stops here: nothing survives
-        cache, dense, step = restore(f"{tmp}/ckpt", args, pinned)
-    cache, dense, _ = train_steps(cache, dense, ids, labels, step, args.steps)
-    cache = cached_table.flush(cache)
-    resumed = np.asarray(jax.device_put(cache.table, jax.memory.Space.Device))
-    reference, ref_losses = device_training(args, table0, dense0, ids, labels)
-    first, last = losses[:args.refresh_every].mean(), losses[-args.refresh_every:].mean()
+        caches, abstract = save(f"{tmp}/ckpt", caches, dense, opt_state, half)
+        jax.tree.map(lambda a: a.delete(), (caches, dense, opt_state))  # nothing survives
+        caches, dense, opt_state, step = restore(f"{tmp}/ckpt", abstract, args, pinned)
+    caches, _, _, second = train(caches, dense, opt_state, data, step, args.steps)
+    resumed = snapshot(cached_table.flush(caches))
+    reference, ref_losses = device_training(args, data)
+
+    def same(a, b):  # bit for bit
+        a, b = jax.tree.leaves(a), jax.tree.leaves(b)
+        return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
     checks = {
-        "resumed = uninterrupted": bool(np.allclose(resumed, straight, atol=TOLERANCE)),
-        "cached = device table": bool(np.allclose(straight, reference, atol=TOLERANCE)),
-        "losses = device table's": bool(np.allclose(losses, ref_losses, atol=TOLERANCE)),
-        "loss fell": bool(last < first),
+        "resumed = uninterrupted": same((resumed, np.concatenate([first, second])),
+                                        (straight, losses)),
+        "empty caches = uninterrupted": same((cold, cold_losses), (straight, losses)),
+        "tables = device tables'": all(np.allclose(s[0], r, atol=TOLERANCE)
+                                       for s, r in zip(straight, reference, strict=True)),
+        "losses = device tables'": bool(np.allclose(losses, ref_losses, atol=TOLERANCE)),
+        "loss fell": bool(losses[-args.refresh_every:].mean() < losses[:args.refresh_every]
+                          .mean()),
         "tables stay in pinned_host": all(t.sharding.memory_kind == "pinned_host"
-                                          for t in cache.tables),
+                                          for c in caches for t in c.tables),
     }
-    print(f"table {args.rows} x {args.dim} float32 + accumulators in pinned_host on "
-          f"{dev.platform}; cache of {args.cache_rows} rows; {args.steps} steps of "
-          f"{args.samples} x {args.bag} ids; checkpoint at step {half}; hit rate "
-          f"{hit_rate:.0%}; loss {first:.3f} -> {last:.3f}")
+    print(f"{args.tables} tables of {table_rows(args)} rows x {args.dim} float32 in "
+          f"pinned_host on {dev.platform}, {args.cache_fraction:.0%} cached; {args.steps} "
+          f"steps of {args.samples} samples; checkpoint at step {half}; mean hit rate "
+          f"{hit_rate:.0%}; loss {losses[:args.refresh_every].mean():.3f} -> "
+          f"{losses[-args.refresh_every:].mean():.3f}")
     print_checks(checks)
     return verdict(checks)
 

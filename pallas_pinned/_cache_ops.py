@@ -112,7 +112,13 @@ def create(table: jax.Array, cache_size: int, *, optimizer: RowOptimizer | None 
 
 
 def _device_of(table: jax.Array, memory_kind: str = "device"):
-    return jax.sharding.make_single_device_sharding(next(iter(table.sharding.device_set)),
+    """The table's device, as a sharding of the table's kind: a cache's arrays then keep
+    their types through a jit (whose outputs take the inputs'), and one program serves."""
+    sharding = table.sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(),
+                                          memory_kind=memory_kind)
+    return jax.sharding.make_single_device_sharding(next(iter(sharding.device_set)),
                                                     memory_kind=memory_kind)
 
 
