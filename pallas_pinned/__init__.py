@@ -15,8 +15,8 @@ device-resident indices and data, without copying the buffer:
   by the ops of a step that reads and then writes the same rows;
 * :func:`fix_memory_space` — the same buffer, with a type that says where it
   lives (for arrays from checkpoint restores or ``jit(out_shardings=...)``);
-* :mod:`cached_table` — a pinned table with a device cache of its busiest rows
-  and a prefetch pipeline (FBGEMM's TBE cache, for JAX).
+* :mod:`cached_table` — pinned tables with a device cache of their busiest rows,
+  optimizers built in and a prefetch pipeline over many tables (FBGEMM's TBE, for JAX).
 
 :mod:`pallas_pinned.tuning` holds the measured thresholds the ops choose their
 paths by; :mod:`pallas_pinned.testing` the specs and oracles of the tests and

@@ -9,8 +9,11 @@ value), so it is cached, refreshed, flushed and checkpointed with the table's ro
 
 Arithmetic: rows and gradients are float32 for tables of floats up to 32 bits (the
 table's dtype otherwise); the new rows are rounded to the table's dtype once. Each
-optimizer applies optax's formula with optax's defaults, so a float32 table's touched rows
-get optax's bits (tests/test_cached_optim.py checks them against optax on a device table).
+optimizer applies optax's formula, in optax's order, with optax's defaults: a float32
+table's touched rows get optax's bits on CPU (tests/test_cached_optim.py), and in general
+are within one float32 rounding per step of them, as XLA may fuse a multiply and an add
+into one FMA inside optax's program. Ours are fenced (:func:`fenced`), so that every
+program of ours rounds alike.
 
 This module imports no other cache module: the ops, the pipeline and the state build on it.
 """
