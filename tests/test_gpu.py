@@ -229,7 +229,7 @@ def test_hlo_kernel_in_host_memory_no_copy():
     x = put(np.ones((4096, 64), np.float32))
     idx = jnp.arange(100, dtype=jnp.int32) * 7
     upd = jnp.ones((100, 64), jnp.float32)
-    # The kernel's HLO (auto may run XLA's own path at this size: backend_table.json).
+    # The kernel's HLO, named explicitly.
     fn = lambda x, i, u: pp.scatter_to_host(x, i, u, backend="pallas")  # noqa: E731
     hlo = _compiled_hlo(fn, x, idx, upd, donate=True)
     calls = _triton_calls(hlo)
