@@ -100,10 +100,13 @@ def create(table: jax.Array, cache_size: int, *, optimizer: RowOptimizer | None 
     # The cache's own arrays are made beside the tables, which are not passed through a jit
     # (no copy).
     c = int(cache_size)
+    # Made by numpy and put on the device at once (eagerly, jnp compiles each shape's fill).
+    xp = np if is_concrete(table) else jnp
     made = (
-        tuple(jnp.zeros((c, *t.shape[1:]), t.dtype) for t in tables),
-        jnp.full((n,), -1, jnp.int32), jnp.full((c,), -1, jnp.int32),
-        jnp.zeros((c,), jnp.bool_), jnp.zeros((n,), jnp.int32), CacheStats.zeros())
+        tuple(xp.zeros((c, *t.shape[1:]), t.dtype) for t in tables),
+        xp.full((n,), -1, np.int32), xp.full((c,), -1, np.int32), xp.zeros((c,), np.bool_),
+        xp.zeros((n,), np.int32), CacheStats(*(xp.zeros((), np.int32)
+                                                for _ in CacheStats._fields)))
     if is_concrete(table):
         made = jax.device_put(made, _device_of(table))
     rows, slot_of, id_of, dirty, score, counters = made
