@@ -70,8 +70,29 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
         assert list(tmp_path.glob("*.png")), f"{name} drew no figure"
 
 
+def _synthetic_record(case: str, provider: str, pattern: str, dtype: str, row_bytes: int,
+                      n: int, median: float) -> dict:
+    """The fields notebook 02 reads, which benchmarks.one_call and benchmarks.sweep share."""
+    return {
+        "case": case,
+        "provider": provider,
+        "pattern": pattern,
+        "dtype": dtype,
+        "row_bytes": row_bytes,
+        "n_updates": n,
+        "median_s": median,
+        "min_s": median,
+        "max_s": median,
+        "gbps": n * row_bytes / median / 1e9,
+        "updates_per_s": n / median,
+        "ceiling_gbps": 50.0,
+        "correct": True,
+        "status": "ok",
+    }
+
+
 def _synthetic_results() -> dict:
-    """A results file in benchmarks.sweep's layout, with made-up numbers (never shown as data).
+    """A results file in benchmarks.one_call's layout, with made-up numbers (never shown as data).
 
     Two providers whose curves cross, two batch sizes and two dtypes per point (the notebook
     keeps one), a failed record, a skipped one and two errors (all left out of the plots; the
@@ -84,32 +105,38 @@ def _synthetic_results() -> dict:
                 for n, dtype in ((1024, "float32"), (4096, "float32"), (4096, "bfloat16")):
                     median = n * (per_update_s + per_byte_s * row_bytes)
                     median /= 4 if pattern == "sorted" else 1
-                    records.append(
-                        {
-                            "case": f"{dtype}-{row_bytes}-{n}-{pattern}",
-                            "provider": provider,
-                            "pattern": pattern,
-                            "dtype": dtype,
-                            "row_bytes": row_bytes,
-                            "n_updates": n,
-                            "median_s": median,
-                            "min_s": median,
-                            "max_s": median,
-                            "gbps": n * row_bytes / median / 1e9,
-                            "updates_per_s": n / median,
-                            "ceiling_gbps": 50.0,
-                            "correct": True,
-                            "status": "ok",
-                        }
-                    )
+                    case = f"{pattern}-{dtype}-{row_bytes}B-n{n}"
+                    record = _synthetic_record(case, provider, pattern, dtype, row_bytes, n, median)
+                    records.append(dict(record, target_case=n == 4096, b2b_gbps=None))
     records[0] = dict(records[0], correct=False)
-    records.append(dict(records[1], provider="skipped", gbps=None, status="skipped"))
+    records.append(dict(records[1], provider="skipped", gbps=None,
+                        status="skipped: time budget of 70 s used up"))
     for k in (3, 4):  # a provider that raised (float32 cases): said, not hidden
         records.append(dict(records[k], provider="raised", gbps=None, median_s=None,
                             status="error", error="RuntimeError: Could not create cache dir"))
     meta = {
+        "benchmark": "one_call",
+        "sweep": "full",
         "date_utc": "2026-12-02T00:00:00+00:00",
         "jax": "0.11.2",
+        "jax_backend": "gpu",
+        "device_kind": "NVIDIA H200 (synthetic test data)",
+    }
+    return {"meta": meta, "records": records, "summary": ["x"]}
+
+
+def _synthetic_sweep_results() -> dict:
+    """An older file in benchmarks.sweep's layout (commit dd078c7): the only one that has the
+    kernel without its sort (ours_nocoalesce), on random rows 4 times slower than on sorted."""
+    records = []
+    for provider in ("ours_nocoalesce", "ours"):
+        for pattern, median in (("random_unique", 4e-4), ("sorted", 1e-4)):
+            case = f"float32[262144|16]n1024-{pattern}"
+            record = _synthetic_record(case, provider, pattern, "float32", 64, 1024, median)
+            records.append(dict(record, row_elems=16, payload_bytes=64 * 1024))
+    meta = {
+        "sweep": "full",
+        "date_utc": "2026-11-01T00:00:00+00:00",
         "jax_backend": "gpu",
         "device_kind": "NVIDIA H200 (synthetic test data)",
     }
@@ -136,28 +163,33 @@ def _run_notebook_02(results: Path, figures: Path, monkeypatch) -> str:
 
 def test_notebook_02_reads_a_results_file(tmp_path, monkeypatch):
     # The committed results change only with GPU runs; this runs the loading, crossover and
-    # plotting code on a file in the benchmark's layout whose answers are known.
+    # plotting code on files in the benchmarks' two layouts whose answers are known.
     results = tmp_path / "results"
     results.mkdir()
     (results / "bench_scatter_synthetic.json").write_text(json.dumps(_synthetic_results()))
+    (results / "sweep_synthetic.json").write_text(json.dumps(_synthetic_sweep_results()))
     text = _run_notebook_02(results, tmp_path, monkeypatch)
     assert "plotting: results file bench_scatter_synthetic.json" in text, text[:2000]
     assert "1 records failed their correctness check" in text, text[:2000]
     assert "2 records are errors" in text, text[:3000]
     assert "raised: 2 cases: RuntimeError: Could not create cache dir" in text, text[:3000]
     assert "ours vs xla" in text, "the two synthetic providers cross; the table should say where"
+    # one_call has no kernel without its sort: what order alone buys comes from the older sweep.
+    assert "from results file sweep_synthetic.json" in text, text[-5000:]
+    order = "64-byte rows, 1024 updates: order alone takes the kernel from 2.56 to 10.24 M"
+    assert order in text, text[-5000:]
     # The other result files are absent here: the notebook must say so, not fill in numbers.
-    assert "No GPU results of benchmarks.gather_add" in text, text[-3000:]
-    assert "No loop results (loop_h200.json)" in text, text[-3000:]
+    assert "No GPU results of benchmarks.gather_add (at commit dd078c7)" in text, text[-3000:]
+    assert "No loop results (loop*.json of benchmarks.loop)" in text, text[-3000:]
 
 
 def test_notebook_02_without_results_says_so(tmp_path, monkeypatch):
     # No results at all (say, a fresh clone without benchmarks/results/): every section that
     # reads records says there are none, and the live run still checks itself.
     text = _run_notebook_02(tmp_path / "missing", tmp_path, monkeypatch)
-    assert "No GPU results of benchmarks.sweep" in text, text[:3000]
-    assert "No tuning records" in text, text[-3000:]
-    assert "No loop results (loop_h200.json)" in text, text[-3000:]
+    assert "No GPU results of benchmarks.one_call" in text, text[:3000]
+    assert "No tuning records (benchmarks.tune's crossover study, at commit dd078c7" in text
+    assert "No loop results (loop*.json of benchmarks.loop)" in text, text[-3000:]
     # The kernel runs where this process does: LIVE on a GPU, a labelled smoke run on CPU.
     import jax
 
