@@ -1,7 +1,8 @@
 """The cached table's optimizers against independent references on a device table.
 
 Each optimizer trains a pinned table through a small cache (rows move in and out at a
-refresh half way) with per-entry gradients handed back as ``Grads``; batches of distinct
+refresh half way) with per-entry gradients handed back as ``Grads``, the five tables in
+one scan (one program, so that each is also a check of many tables); batches of distinct
 ids, so that no sum order is involved. SGD and Adagrad: optax on the whole device table
 (untouched rows see a zero gradient, a no-op for both). Adam, lazy: each row equals
 optax.adam run on that row's own gradients. Bit for bit on CPU (with XLA's optimizations
@@ -42,24 +43,38 @@ def _np(a):
     return np.asarray(jax.device_put(a, jax.memory.Space.Device))
 
 
-def _data(seed=0):
-    rng = np.random.default_rng(seed)
+def _data():
+    rng = np.random.default_rng(0)
     table = rng.standard_normal((N, D)).astype(np.float32)
     ids = np.stack([rng.choice(N, B, replace=False) for _ in range(S)]).astype(np.int32)
     grads = rng.standard_normal((S, B, D)).astype(np.float32)
     return table, ids, grads
 
 
-def _cached(optimizer, table, ids, grads):
-    """The pinned table and state after the steps, through a cache of C rows."""
-    cache = ct.create(_pinned(table), C, optimizer=optimizer)
-    step = lambda carry, rows, g: (carry, ct.Grads(g), None)  # noqa: E731
+def _signum(rows, g, state):  # sign SGD with a per-row count of its updates
+    (count,) = state
+    return rows - LR * jnp.sign(g), (count + 1,)
+
+
+EPS, INIT = 1e-3, 0.5
+OPTIMIZERS = {"sgd": ct.sgd(LR), "adagrad": ct.adagrad(LR), "adam": ct.adam(LR),
+              "rowwise": ct.rowwise_adagrad(LR, eps=EPS, initial_accumulator_value=INIT),
+              "custom": ct.custom_optimizer(_signum, (ct.StateSpec((), jnp.int32, 7),))}
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """Each optimizer's pinned table and state after the steps, through a cache of C rows;
+    all five tables in one scan (one program)."""
+    table, ids, grads = _data()
+    caches = {k: ct.create(_pinned(table), C, optimizer=o) for k, o in OPTIMIZERS.items()}
+    step = lambda carry, rows, g: (carry, {k: ct.Grads(g) for k in rows}, None)  # noqa: E731
     for part in (slice(0, S // 2), slice(S // 2, S)):
-        cache, _, _ = ct.scan(step, cache, 0, ids[part], grads[part])
-        cache = ct.refresh(cache)
-    assert ct.stats(cache).hits > 0
-    cache = ct.flush(cache)
-    return _np(cache.table), [_np(s) for s in cache.state]
+        caches, _, _ = ct.scan(step, caches, 0, {k: ids[part] for k in caches}, grads[part])
+        caches = ct.refresh(caches)
+    assert all(s.hits > 0 for s in ct.stats(caches).values())
+    caches = ct.flush(caches)
+    return {k: (_np(c.table), [_np(s) for s in c.state]) for k, c in caches.items()}
 
 
 def _dense(ids, grads):
@@ -84,20 +99,19 @@ def _optax_run(tx, table, dense):
 
 
 @pytest.mark.parametrize("name", ["sgd", "adagrad"])
-def test_sgd_and_adagrad_are_optax_on_the_whole_device_table(name):
-    table, ids, grads = _data(1)
-    ours, tx = {"sgd": (ct.sgd(LR), optax.sgd(LR)),
-                "adagrad": (ct.adagrad(LR), optax.adagrad(LR))}[name]
-    got, state = _cached(ours, table, ids, grads)
+def test_sgd_and_adagrad_are_optax_on_the_whole_device_table(trained, name):
+    table, ids, grads = _data()
+    tx = {"sgd": optax.sgd(LR), "adagrad": optax.adagrad(LR)}[name]
+    got, state = trained[name]
     params, opt_state = _optax_run(tx, table, _dense(ids, grads))
     _same(got, params[-1])
     if name == "adagrad":
         _same(state[0], opt_state[0].sum_of_squares[-1])
 
 
-def test_lazy_adam_is_optax_adam_on_each_rows_own_gradients():
-    table, ids, grads = _data(2)
-    got, (mu, nu, count) = _cached(ct.adam(LR), table, ids, grads)
+def test_lazy_adam_is_optax_adam_on_each_rows_own_gradients(trained):
+    table, ids, grads = _data()
+    got, (mu, nu, count) = trained["adam"]
     # Row r's k-th gradient at position k: optax's step k + 1 is then row r's (k + 1)-th.
     touches = np.zeros(N, np.int64)
     own = np.zeros((S, N, D), np.float32)
@@ -115,29 +129,21 @@ def test_lazy_adam_is_optax_adam_on_each_rows_own_gradients():
     np.testing.assert_array_equal(mu[~seen], 0)
 
 
-def test_rowwise_adagrad_is_fbgemms_within_float32_ulps():
-    table, ids, grads = _data(3)
-    eps, init = 1e-3, 0.5
-    got, (acc,) = _cached(ct.rowwise_adagrad(LR, eps=eps, initial_accumulator_value=init),
-                          table, ids, grads)
-    want, want_acc = jnp.asarray(table), jnp.full((N,), init, jnp.float32)
+def test_rowwise_adagrad_is_fbgemms_within_float32_ulps(trained):
+    table, ids, grads = _data()
+    got, (acc,) = trained["rowwise"]
+    want, want_acc = jnp.asarray(table), jnp.full((N,), INIT, jnp.float32)
     for g in _dense(ids, grads):  # one accumulator per row: the mean of the squared gradient
         want_acc = want_acc + jnp.mean(g * g, axis=1)
-        want = want - (LR / (jnp.sqrt(want_acc) + eps))[:, None] * g
+        want = want - (LR / (jnp.sqrt(want_acc) + EPS))[:, None] * g
     np.testing.assert_allclose(acc, want_acc, rtol=2e-6)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
-    assert acc.shape == (N,) and not np.array_equal(acc, np.full(N, init, np.float32))
+    assert acc.shape == (N,) and not np.array_equal(acc, np.full(N, INIT, np.float32))
 
 
-def test_a_custom_optimizer_gets_the_rows_summed_gradients_and_its_state():
-    table, ids, grads = _data(4)
-
-    def signum(rows, g, state):  # sign SGD with a per-row count of its updates
-        (count,) = state
-        return rows - LR * jnp.sign(g), (count + 1,)
-
-    spec = ct.StateSpec(shape=(), dtype=jnp.int32, init=7)
-    got, (count,) = _cached(ct.custom_optimizer(signum, (spec,)), table, ids, grads)
+def test_a_custom_optimizer_gets_the_rows_summed_gradients_and_its_state(trained):
+    table, ids, grads = _data()
+    got, (count,) = trained["custom"]
     want, want_count = table.copy(), np.full(N, 7)
     for s in range(S):
         want[ids[s]] -= np.float32(LR) * np.sign(grads[s])
@@ -145,4 +151,4 @@ def test_a_custom_optimizer_gets_the_rows_summed_gradients_and_its_state():
     np.testing.assert_allclose(got, want, rtol=1e-6)
     np.testing.assert_array_equal(count, want_count)
     with pytest.raises(TypeError, match="StateSpec"):
-        ct.custom_optimizer(signum, ((), jnp.int32))
+        ct.custom_optimizer(_signum, ((), jnp.int32))
