@@ -20,7 +20,6 @@ from pallas_pinned import (
     _local_read,
     _local_write,
     _placement,
-    _registry,
     _rows,
     _sharded,
     _validation,
@@ -42,58 +41,35 @@ _PLANS: dict = {}
 _MAX_PLANS = 256
 
 
-def _signature(*parts: Any, arrays: tuple) -> tuple | None:
-    """The key of a call whose every array is concrete (``None``: not one to keep)."""
-    if not all(_placement.is_concrete(a) for a in arrays):
+def _signature(*parts: Any, x: _placement.Facts, arrays: tuple) -> tuple | None:
+    """The key of a call whose buffer (``x``: its facts) and every array are concrete
+    (``None``: not one to keep)."""
+    if x.signature is None or not all(_placement.is_concrete(a) for a in arrays):
         return None
     # Committed or not: an uncommitted array may sit on another device than x.
-    return (*parts, *((a.shape, a.dtype, a.sharding, a.committed) for a in arrays))
+    key = (*parts, x.signature, *((a.shape, a.dtype, a.sharding, a.committed) for a in arrays))
+    try:
+        hash(key)
+    except TypeError:  # A setting of an unhashable type: checked in full every call.
+        return None
+    return key
 
 
-def _kept_or_checked(key: tuple | None, index: Any, check) -> tuple[Any, tuple, bool]:
-    """``(value, operands, kept)``: the value kept for ``key`` with ``(index,)``, or else
-    ``check()``'s ``(value, operands)``, kept when its only operand is ``index`` itself.
+def _kept(key: tuple | None) -> Any:
+    """The value kept for ``key``; None if none is."""
+    return None if key is None else _PLANS.get(key)
 
-    ``kept`` tells the caller to recheck what can change from call to call.
-    """
-    value = None
-    if key is not None:
+
+def _keep(key: tuple | None, value: Any, operands: tuple, index: Any) -> None:
+    """Keeps a checked ``value`` for ``key`` when its only operand is ``index`` itself."""
+    if key is None or len(operands) != 1 or operands[0] is not index:
+        return
+    if len(_PLANS) >= _MAX_PLANS:
         try:
-            value = _PLANS.get(key)
-        except TypeError:  # A setting of an unhashable type: checked in full every call.
-            key = None
-    if value is not None:
-        return value, (index,), True
-    value, operands = check()
-    if key is not None and len(operands) == 1 and operands[0] is index:
-        if len(_PLANS) >= _MAX_PLANS:
-            try:
-                _PLANS.pop(next(iter(_PLANS)), None)  # The oldest signature goes first.
-            except (RuntimeError, StopIteration):  # Another thread got there first.
-                pass
-        _PLANS[key] = value
-    return value, operands, False
-
-
-def _recheck(x, backend: str) -> None:
-    """What a kept signature still checks on every call."""
-    _placement.check_buffer_alive(x)
-    # Whether a kernel family can run is the registry's answer now, not when kept.
-    _registry.check_available(x, backend)
-
-
-def _checked_write(op, x, index, updates, *, mode, backend, settings):
-    """``check_write``'s plan and operands, from the kept plans where the signature passed."""
-    key = None
-    if isinstance(updates, jax.Array) and getattr(updates, "dtype", None) == x.dtype:
-        key = _signature("write", op, *settings.items(), arrays=(x, index, updates))
-    plan, operands, kept = _kept_or_checked(key, index, lambda: _validation.check_write(
-        op, x, index, updates, mode=mode, backend=backend
-    ))
-    if kept:
-        _recheck(x, backend)
-        _validation.check_not_aliased(x, ("indices", index), ("updates", updates))
-    return plan, operands
+            _PLANS.pop(next(iter(_PLANS)), None)  # The oldest signature goes first.
+        except (RuntimeError, StopIteration):  # Another thread got there first.
+            pass
+    _PLANS[key] = value
 
 
 def write(
@@ -117,21 +93,34 @@ def write(
     updates = _as_updates(updates, getattr(x, "dtype", None))
     if op == "sub":
         op, updates = "add", _negated(x, updates)
+    # x's facts are read once, here; the rest of the path takes them (and each module
+    # below sees x at most once: tests/test_one_pass.py).
+    facts = _placement.facts(x)
     with _local_write.naming_the_jvp_fix(op):
-        if _sharded.is_sharded_buffer(x):
-            return _sharded.write(op, x, index, updates, **settings)
-        index, lifted = _positions_as_values(x, index, updates)
-        plan, operands = _checked_write(
-            op, x, index, updates, mode=mode, backend=backend, settings=settings
-        )
+        if facts.sharded:
+            return _sharded.write(op, x, index, updates, facts=facts, **settings)
+        shape = x.shape if facts.concrete else None  # None: x is traced (or not an array).
+        index, lifted = _positions_as_values(index, updates, shape)
+        key = None
+        if isinstance(updates, jax.Array) and updates.dtype == getattr(x, "dtype", None):
+            key = _signature("write", op, *settings.items(), x=facts, arrays=(index, updates))
+        plan = _kept(key)
+        if plan is None:
+            plan, operands = _validation.check_write(
+                op, x, index, updates, facts=facts, mode=mode, backend=backend)
+            _keep(key, plan, operands, index)
+        else:
+            operands = (index,)
+            _validation.check_kept(x, facts, backend, ("indices", index), ("updates", updates))
         plan = plan.with_starts_in_range(lifted)
         call = _local_write.WriteCall.of(op, plan, **settings)
-        return _local_write.write(x, operands, updates, call)
+        return _local_write.write(x, facts, operands, updates, call)
 
 
-def _positions_as_values(x: Any, index: Any, updates: Any = None) -> tuple[Any, frozenset]:
+def _positions_as_values(index: Any, updates: Any, shape: tuple | None,
+                         ) -> tuple[Any, frozenset]:
     """An eager call's index with its Python- and numpy-int positions as 0-d int32 arrays,
-    and the buffer axes of those it lifted.
+    and the buffer axes of those it lifted. ``shape``: a concrete buffer's (None: traced).
 
     A static position is part of the compiled program, so an eager loop over
     positions (``at(cache)[t].set(v)`` for each ``t``) would compile once per
@@ -148,21 +137,21 @@ def _positions_as_values(x: Any, index: Any, updates: Any = None) -> tuple[Any, 
     static int takes (a strided block's set stays one copy).
     """
     items = index if isinstance(index, tuple) else (index,)
-    if (not _placement.is_concrete(x) or isinstance(updates, jax.core.Tracer)
+    if (shape is None or isinstance(updates, jax.core.Tracer)
             or not any(_is_int(it) for it in items) or _transfers_guarded()):
         return index, frozenset()
     if not all(_is_int(it) or it is None or it is Ellipsis or _unit_static_slice(it)
                for it in items) or sum(it is Ellipsis for it in items) > 1:
         return index, frozenset()
     consuming = sum(it is not None and it is not Ellipsis for it in items)
-    if consuming > x.ndim:
+    if consuming > len(shape):
         return index, frozenset()  # The parser names the fault.
     lifted, axes, axis = [], set(), 0
     for it in items:
         if it is Ellipsis:
-            axis = x.ndim - (consuming - axis)
+            axis = len(shape) - (consuming - axis)
         elif it is not None:
-            if _is_int(it) and 0 <= int(it) < min(x.shape[axis], 2**31 - 1):
+            if _is_int(it) and 0 <= int(it) < min(shape[axis], 2**31 - 1):
                 it = jnp.asarray(int(it), jnp.int32)
                 axes.add(axis)
             axis += 1
@@ -265,35 +254,30 @@ def read(
     """``x.at[index].get(mode=mode, fill_value=fill_value)``, into device memory."""
     _check_static_flags(unique_indices=unique_indices, indices_are_sorted=indices_are_sorted)
     _validation.check_arguments_alive(indices=index)
-    if _sharded.is_sharded_buffer(x):
+    facts = _placement.facts(x)  # Read once, as for a write.
+    if facts.sharded:
         return _sharded.gather(
             x, index, mode=mode, fill_value=fill_value, indices_are_sorted=indices_are_sorted,
-            unique_indices=unique_indices, backend=backend,
+            unique_indices=unique_indices, backend=backend, facts=facts,
         )
     del unique_indices  # A read takes each row independently.
-    index, lifted = _positions_as_values(x, index)
-    plan, operands, fill = _checked_read(x, index, mode=mode, fill_value=fill_value,
-                                         backend=backend)
-    plan = plan.with_starts_in_range(lifted)
-    call = _local_read.ReadCall.of(
-        plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted, backend=backend
-    )
-    return _local_read.read(x, operands, call)
-
-
-def _checked_read(x, index, *, mode, fill_value, backend):
-    """``check_read``'s plan and operands and the fill value, from the kept plans if it passed."""
+    index, lifted = _positions_as_values(index, None, x.shape if facts.concrete else None)
     key = None
     if isinstance(fill_value, int | float | None):
         # By its bits: as dict keys, -0.0 equals 0.0 and a NaN equals nothing.
         fill = _validation.scalar_key(fill_value)
-        key = _signature("read", mode, backend, *fill, arrays=(x, index))
-
-    def check():
-        plan, operands = _validation.check_read(x, index, mode=mode, backend=backend)
-        return (plan, _validation.check_fill_value(fill_value)), operands
-
-    (plan, fill), operands, kept = _kept_or_checked(key, index, check)
-    if kept:
-        _recheck(x, backend)
-    return plan, operands, fill
+        key = _signature("read", mode, backend, *fill, x=facts, arrays=(index,))
+    kept = _kept(key)
+    if kept is None:
+        plan, operands = _validation.check_read(x, index, facts=facts, mode=mode,
+                                                backend=backend)
+        fill = _validation.check_fill_value(fill_value)
+        _keep(key, (plan, fill), operands, index)
+    else:
+        (plan, fill), operands = kept, (index,)
+        _validation.check_kept(x, facts, backend)
+    plan = plan.with_starts_in_range(lifted)
+    call = _local_read.ReadCall.of(
+        plan, mode=mode, fill=fill, indices_are_sorted=indices_are_sorted, backend=backend
+    )
+    return _local_read.read(x, facts, operands, call)

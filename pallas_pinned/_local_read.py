@@ -76,12 +76,13 @@ class ReadCall:
         return _validation.default_fill(dtype) if value is None else value
 
 
-def read(x, operands, call: ReadCall):
-    """Runs (or, inside a trace, stages) the read; the result is in device memory."""
-    if not _placement.is_concrete(x):
+def read(x, facts: _placement.Facts, operands, call: ReadCall):
+    """Runs (or, inside a trace, stages) the read; the result is in device memory.
+    ``facts`` are ``x``'s (``_placement.facts``), checked."""
+    if not facts.concrete:
         return _read_jit(x, operands, call)
-    x = _placement.fix_memory_space(x)  # Traces must see where x really is.
-    return _placement.wait_for_result(_read_jit(x, operands, call))
+    # Traces must see where x really is (_placement.fix_memory_space).
+    return _placement.wait_for_result(_read_jit(facts.buffer, operands, call))
 
 
 @functools.partial(jax.jit, static_argnames=("call",))

@@ -305,18 +305,21 @@ def _jitted_rules(call: WriteCall):
 @functools.cache
 def _jitted(sharding, donate: bool):
     def run(x, operands, updates, call):
-        return _with_rules(call)(x, *_replicated_like(x, operands, updates))
+        return _with_rules(call)(x, *_replicated_like(_placement.explicit_mesh(x), operands,
+                                                      updates))
 
     return jax.jit(
         run, static_argnums=(3,), donate_argnums=(0,) if donate else (), out_shardings=sharding
     )
 
 
-def _replicated_like(x, operands, updates):
-    """Indices and updates sharded over a replicated buffer's mesh, gathered (outside
-    the rules, so that the gradient's transpose scatters them back)."""
-    place = functools.partial(_placement.replicated_like, x)
-    return tuple(place(a) for a in operands), place(updates)
+def _replicated_like(mesh, operands, updates):
+    """Indices and updates sharded over a replicated buffer's mesh (``mesh``: the
+    ``Explicit`` mesh of its type, or None), gathered (outside the rules, so that the
+    gradient's transpose scatters them back)."""
+    if mesh is None:
+        return operands, updates
+    return tuple(map(_placement.gathered, operands)), _placement.gathered(updates)
 
 
 def may_donate(*args) -> bool:
@@ -356,17 +359,18 @@ def _warn_trace_state_unknown() -> None:
     )
 
 
-def write(x, operands, updates, call: WriteCall):
-    """Runs (or, inside a trace, stages) the write with its transformation rules.
+def write(x, facts: _placement.Facts, operands, updates, call: WriteCall):
+    """Runs (or, inside a trace, stages) the write with its transformation rules;
+    ``facts`` are ``x``'s (``_placement.facts``), checked.
 
     Outside a trace, ``x`` in host memory is consumed (donated) and updated in place, unless
     another argument is being transformed (see the module docstring); when there is
     nothing to write, ``x`` comes back untouched."""
     if not isinstance(updates, jax.Array | jax.core.Tracer):
         updates = jnp.asarray(updates)  # custom_vjp wants arrays, not Python scalars.
-    if isinstance(x, jax.core.Tracer):
+    if not facts.concrete:
         rules = _with_rules(call)
-        operands, updates = _replicated_like(x, operands, updates)
+        operands, updates = _replicated_like(facts.explicit_mesh, operands, updates)
         try:
             return rules(x, operands, updates)
         except NotImplementedError as error:
@@ -377,8 +381,8 @@ def write(x, operands, updates, call: WriteCall):
             return _jitted_rules(call)(x, operands, updates)
     if call.plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write; the buffer stays as it is.
-    x = _placement.fix_memory_space(x)
-    donate = _placement.in_host_memory(x) and may_donate(operands, updates)
+    x = facts.buffer  # Typed where it lives (_placement.fix_memory_space).
+    donate = facts.in_host_memory and may_donate(operands, updates)
     written = _jitted(x.sharding, donate)(x, operands, updates, call)
     return _placement.wait_for_result(written)
 

@@ -16,7 +16,7 @@ Tracers carry only their type, which is all a trace can know.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,10 +24,14 @@ import numpy as np
 from jax import lax
 
 __all__ = [
+    "DELETED",
+    "Facts",
+    "explicit_mesh",
+    "facts",
     "fix_memory_space",
     "gathered",
-    "in_host_memory",
     "is_concrete",
+    "named_axes",
     "on_each_copy",
     "on_host",
     "place_like",
@@ -50,11 +54,74 @@ def is_concrete(a: Any) -> bool:
     return isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
 
 
+DELETED = "x has been deleted (donated to an earlier call); use the array that call returned"
+
+
+class Facts(NamedTuple):
+    """What the ops ask about their buffer ``x``, read once per call by :func:`facts`: the
+    checks and the run take these instead of asking about ``x`` again."""
+
+    concrete: bool  # a jax.Array, not a tracer
+    deleted: bool  # concrete and deleted (donated to an earlier call)
+    in_host_memory: bool  # concrete, in host memory, pinned or not: what an eager write consumes
+    sharded: bool  # the sharded layer's buffer (``_sharded.is_sharded_buffer``)
+    sharding: Any  # the array's sharding when concrete, else its type's (None: no type)
+    typed_mesh: Any  # the mesh of its type (:func:`typed_mesh`)
+    signature: tuple | None  # what of a concrete x keys a kept plan (``_front``)
+    buffer: Any  # x; concrete and alive, with a type that agrees with its memory
+
+    @property
+    def explicit_mesh(self) -> Any:
+        """The mesh of x's type when it has an ``Explicit`` axis; else None."""
+        return _explicit(self.typed_mesh)
+
+
+def facts(x: Any) -> Facts:
+    """Everything the ops ask about the buffer ``x``, read once.
+
+    Reading them raises nothing, whatever ``x`` is: judging them is ``_validation``'s.
+    ``buffer`` is :func:`fix_memory_space`'s ``x`` where that applies (no copy)."""
+    mesh = typed_mesh(x)
+    if not is_concrete(x):
+        sharding = getattr(jax.typeof(x), "sharding", None) if hasattr(x, "aval") else None
+        return Facts(False, False, False, _traced_sharded(sharding), sharding, mesh, None, x)
+    sharding, deleted = x.sharding, x.is_deleted()
+    named = isinstance(sharding, jax.sharding.NamedSharding)
+    sharded = (named and bool(named_axes(sharding.spec))) or (
+        len(sharding.device_set) > 1 and not sharding.is_fully_replicated)
+    return Facts(
+        concrete=True, deleted=deleted,
+        in_host_memory=sharding.memory_kind in ("pinned_host", "unpinned_host"),
+        sharded=sharded, sharding=sharding, typed_mesh=mesh,
+        signature=(x.shape, x.dtype, sharding, x.committed),
+        buffer=x if deleted else _agreeing_type(x),
+    )
+
+
+def _traced_sharded(sharding: Any) -> bool:
+    """A traced buffer is the sharded layer's when its type names a mesh axis that is not
+    ``Manual`` (inside ``shard_map`` the local shard's axes are)."""
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None:
+        return False
+    kinds = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
+    manual = jax.sharding.AxisType.Manual
+    return any(kinds.get(name) != manual for name in named_axes(sharding.spec))
+
+
+def named_axes(spec) -> tuple[str, ...]:
+    """The mesh axes a ``PartitionSpec`` names, in order."""
+    names: list[str] = []
+    for entry in spec:
+        if entry is None or entry is jax.sharding.PartitionSpec.UNCONSTRAINED:
+            continue
+        names.extend((entry,) if isinstance(entry, str) else entry)
+    return tuple(names)
+
+
 def check_buffer_alive(x: Any) -> None:
     if is_concrete(x) and x.is_deleted():
-        raise ValueError(
-            "x has been deleted (donated to an earlier call); use the array that call returned"
-        )
+        raise ValueError(DELETED)
 
 
 def wait_for_inputs(*args: Any) -> None:
@@ -80,12 +147,6 @@ def wait_for_result(result: Any) -> Any:
     until the computation is done (under jit, the caller's own program does).
     """
     return jax.block_until_ready(result)
-
-
-def in_host_memory(x: jax.Array) -> bool:
-    """Whether the concrete array ``x`` lives in host memory, pinned or not (its sharding's
-    memory kind): what an eager write updates in place and consumes."""
-    return x.sharding.memory_kind in ("pinned_host", "unpinned_host")
 
 
 def on_host(a: Any) -> bool:
@@ -129,9 +190,12 @@ def typed_mesh(a: Any) -> Any:
     return getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None)
 
 
-def _explicit_mesh(x: Any):
+def explicit_mesh(x: Any):
     """The mesh ``x``'s type carries when it has an ``Explicit`` axis; else None."""
-    mesh = typed_mesh(x)
+    return _explicit(typed_mesh(x))
+
+
+def _explicit(mesh: Any):
     explicit = jax.sharding.AxisType.Explicit
     if mesh is not None and not mesh.empty and any(t == explicit for t in mesh.axis_types):
         return mesh
@@ -146,7 +210,7 @@ def place_like(a: Any, x: Any) -> Any:
     axis types), replicated over that mesh: an update slice wants its operands
     sharded alike.
     """
-    mesh = _explicit_mesh(x)
+    mesh = explicit_mesh(x)
     if mesh is not None:
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         a = jax.sharding.reshard(a, replicated)
@@ -156,7 +220,7 @@ def place_like(a: Any, x: Any) -> Any:
 def replicated_like(x: Any, a: Any) -> Any:
     """``a`` (an index array or the updates), gathered (:func:`gathered`) when ``x``'s
     type carries a mesh with ``Explicit`` axes; else as it is."""
-    return a if _explicit_mesh(x) is None else gathered(a)
+    return a if explicit_mesh(x) is None else gathered(a)
 
 
 def gathered(a: Any) -> Any:
@@ -188,7 +252,7 @@ def on_each_copy(fn, x: Any, *args: Any) -> Any | None:
     (a trace does not see whether they shard ``x``). Arguments sharded over the
     mesh are gathered first; other values are constants of ``fn``.
     """
-    mesh = _explicit_mesh(x)
+    mesh = explicit_mesh(x)
     if mesh is None:
         return None
     explicit = jax.sharding.AxisType.Explicit
@@ -270,6 +334,11 @@ def fix_memory_space(x: jax.Array) -> jax.Array:
             "pinned host memory first with jax.device_put"
         )
     check_buffer_alive(x)
+    return _agreeing_type(x)
+
+
+def _agreeing_type(x: jax.Array) -> jax.Array:
+    """:func:`fix_memory_space` of a live concrete array."""
     kind = x.sharding.memory_kind
     if kind != "pinned_host" or jax.typeof(x).memory_space == _HOST:
         return x

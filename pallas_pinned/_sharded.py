@@ -57,7 +57,6 @@ from pallas_pinned._sharded_route import (
 
 __all__ = ["gather", "is_sharded_buffer", "scatter", "scatter_add", "write"]
 
-_MANUAL = jax.sharding.AxisType.Manual
 _EXPLICIT = jax.sharding.AxisType.Explicit
 
 
@@ -73,40 +72,18 @@ def is_sharded_buffer(x: Any) -> bool:
     mesh axis that is not ``Manual``. Traced buffers whose type says nothing
     (``Auto`` meshes) stay with the single-device ops; inside ``shard_map``
     the local shard's mesh axes are ``Manual``, so the local ops take it, as
-    they must.
+    they must. (``_placement.facts`` reads it with the buffer's other facts.)
     """
-    if _placement.is_concrete(x):
-        sharding = x.sharding
-        if isinstance(sharding, NamedSharding) and _named_axes(sharding.spec):
-            return True
-        return len(sharding.device_set) > 1 and not sharding.is_fully_replicated
-    if not hasattr(x, "aval"):
-        return False
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if mesh is None:
-        return False
-    kinds = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
-    return any(kinds.get(name) != _MANUAL for name in _named_axes(sharding.spec))
+    return _placement.facts(x).sharded
 
 
-def _named_axes(spec) -> tuple[str, ...]:
-    """The mesh axes a ``PartitionSpec`` names, in order."""
-    names: list[str] = []
-    for entry in spec:
-        if entry is None or entry is P.UNCONSTRAINED:
-            continue
-        names.extend((entry,) if isinstance(entry, str) else entry)
-    return tuple(names)
-
-
-def _layout(x: Any) -> Layout:
+def _layout(x: Any, facts: _placement.Facts) -> Layout:
     """``check_buffer``'s checks for a sharded buffer, and how it is split; or raises."""
-    _validation.check_buffer(x)
-    concrete = _placement.is_concrete(x)
+    _validation.check_buffer(x, facts)
+    concrete = facts.concrete
     if x.ndim == 0:
         raise ValueError(f"x must have at least one axis to index, got shape {x.shape}")
-    sharding = x.sharding if concrete else jax.typeof(x).sharding
+    sharding = facts.sharding
     if not isinstance(sharding, NamedSharding):
         raise ValueError(
             f"x spans {len(sharding.device_set)} devices with a {type(sharding).__name__}; "
@@ -123,14 +100,14 @@ def _layout(x: Any) -> Layout:
         )
     # Mesh axes of size 1 split nothing: named on other axes, or only on them, they
     # leave one shard along those axes (axis 0 unsplit: no axes, one shard).
-    size_one = all(mesh.shape[a] == 1 for a in _named_axes(spec))
+    size_one = all(mesh.shape[a] == 1 for a in _placement.named_axes(spec))
     if (first is None and not size_one) or any(
-            mesh.shape[a] > 1 for a in _named_axes(spec[1:])):
+            mesh.shape[a] > 1 for a in _placement.named_axes(spec[1:])):
         raise ValueError(
             f"x is sharded as {sharding.spec} over mesh {dict(mesh.shape)}; the ops take a "
             "buffer sharded along axis 0 only, e.g. P('data'), other axes replicated"
         )
-    axes = _named_axes(spec[:1])
+    axes = _placement.named_axes(spec[:1])
     shards = math.prod(mesh.shape[a] for a in axes)
     if x.shape[0] % shards:
         raise ValueError(
@@ -184,14 +161,16 @@ def _place(name: str, a: Any, layout: Layout, traced: bool) -> Any:
 
 
 def write(op, x, index, updates, *, mode=None, unique_indices=False,
-          indices_are_sorted=False, backend="auto"):
-    """A write (``op``: set, add, min, max, mul) on a buffer sharded along axis 0."""
+          indices_are_sorted=False, backend="auto", facts=None):
+    """A write (``op``: set, add, min, max, mul) on a buffer sharded along axis 0;
+    ``facts`` are ``x``'s (``_placement.facts``), read here when not given."""
+    facts = _placement.facts(x) if facts is None else facts
     # The single-device checks, against the global shape.
     _validation.check_mode_and_backend(mode, backend)
-    layout = _layout(x)
-    plan, operands = _validation.check_write(op, x, index, updates, mode=mode, backend=backend,
-                                             sharded=True)
-    traced = not _placement.is_concrete(x)
+    layout = _layout(x, facts)
+    plan, operands = _validation.check_write(op, x, index, updates, facts=facts, mode=mode,
+                                             backend=backend, sharded=True)
+    traced = not facts.concrete
     operands = tuple(_place(name, a, layout, traced)
                      for name, a in _validation.named_operands(index, operands))
     updates = _place("updates", updates, layout, traced)
@@ -204,7 +183,7 @@ def write(op, x, index, updates, *, mode=None, unique_indices=False,
         return write_differentiable(x, operands, updates, cfg)
     if plan.num_entries == 0 or x.size == 0:
         return x  # Nothing to write: the buffer stays as it is, not consumed.
-    donate = _placement.in_host_memory(x) and _local_write.may_donate(operands, updates)
+    donate = facts.in_host_memory and _local_write.may_donate(operands, updates)
     written = eager_write(x.sharding, donate)(x, operands, updates, cfg)
     return _placement.wait_for_result(written)
 
@@ -220,17 +199,19 @@ def scatter_add(x, index, updates, **settings):
 
 
 def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
-           unique_indices=False, backend="auto"):
-    """``gather_from_host`` on a buffer sharded along axis 0; the result is replicated."""
+           unique_indices=False, backend="auto", facts=None):
+    """``gather_from_host`` on a buffer sharded along axis 0; the result is replicated.
+    ``facts`` are ``x``'s (``_placement.facts``), read here when not given."""
 
     del unique_indices  # A gather reads each row independently.
+    facts = _placement.facts(x) if facts is None else facts
     _validation.check_mode_and_backend(mode, backend, modes=_validation.GATHER_MODES)
-    layout = _layout(x)
+    layout = _layout(x, facts)
     fill = _validation.check_fill_value(fill_value)
     plan, operands = _index_parse.parse(index, x.shape, mode, read=True, min_lead=1)
     _validation.check_rows_to_read(x.shape, plan, mode)
     _registry.check_available(x, backend)
-    traced = not _placement.is_concrete(x)
+    traced = not facts.concrete
     operands = tuple(_place(name, a, layout, traced)
                      for name, a in _validation.named_operands(index, operands))
     call = _local_read.ReadCall.of(

@@ -47,13 +47,15 @@ def check_mode_and_backend(mode: Any, backend: Any, modes: tuple = MODES) -> Non
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
-def check_buffer(x: Any) -> None:
+def check_buffer(x: Any, facts: _placement.Facts) -> None:
+    """The buffer itself; ``facts`` are ``x``'s (``_placement.facts``)."""
     if not (isinstance(x, jax.Array) or hasattr(x, "aval")):
         raise TypeError(
             f"x must be a jax.Array (the buffer), got {type(x).__name__}; "
             "place it with jax.device_put(x, sharding) first"
         )
-    _placement.check_buffer_alive(x)
+    if facts.deleted:
+        raise ValueError(_placement.DELETED)
     if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
         names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
         raise TypeError(f"unsupported dtype {x.dtype} for x; supported: {names}")
@@ -128,15 +130,15 @@ def _moving(name: str, x: Any) -> str:
     return moving(name, onto_mesh=isinstance(x.sharding, jax.sharding.NamedSharding))
 
 
-def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
+def check_same_device(x: Any, facts: _placement.Facts, *others: tuple[str, Any]) -> None:
     """Committed concrete inputs must live on the buffer's device (any memory kind).
 
     An uncommitted one (``jnp.array(...)`` on the default device) moves with the
     call, as jit moves it: on a buffer of another device, eagerly as under jit.
     """
-    concrete = _placement.is_concrete(x)
+    concrete = facts.concrete
     if not concrete or len(x.sharding.device_set) == 1:  # Closed over by a jit, say.
-        _check_traced_on_one_device(x, others)
+        _check_traced_on_one_device(facts.typed_mesh, others)
     for name, other in others if concrete else ():
         if not (_placement.is_concrete(other) and other.committed):
             continue
@@ -155,13 +157,13 @@ def check_same_device(x: Any, *others: tuple[str, Any]) -> None:
                 f"{dict(ours.mesh.shape)}); put it on x's mesh, e.g. "
                 f"{moving(name, onto_mesh=True)}"
             )
-    _check_one_typed_mesh(x, others)
+    _check_one_typed_mesh(facts, others)
 
 
-def _check_traced_on_one_device(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
-    """Traced on one device (no mesh in its type), x takes no input typed as sharded
-    over a mesh: the kernels would fail deep inside Pallas, and jnp refuses it too."""
-    if _mesh_axes(x):
+def _check_traced_on_one_device(mesh: Any, others: tuple[tuple[str, Any], ...]) -> None:
+    """Traced on one device (no mesh in its type, ``mesh``), x takes no input typed as
+    sharded over a mesh: the kernels would fail deep inside Pallas, and jnp refuses it too."""
+    if getattr(mesh, "axis_names", None):
         return
     for name, other in others:
         if not isinstance(other, jax.core.Tracer):
@@ -176,14 +178,14 @@ def _check_traced_on_one_device(x: Any, others: tuple[tuple[str, Any], ...]) -> 
             )
 
 
-def _check_one_typed_mesh(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
+def _check_one_typed_mesh(facts: _placement.Facts, others: tuple[tuple[str, Any], ...]) -> None:
     """x typed on a mesh of ``Auto`` axes only takes no input typed on a mesh with
     ``Explicit`` axes, concrete or traced: the kernels failed inside JAX ("Mesh for
     all inputs should be equal") or Pallas ("sharded ref ... can only be indexed by
     slices"), and jnp refuses it too. Where x's mesh has ``Explicit`` axes the ops run
     on each copy and gather such inputs first (``_placement.on_each_copy``); where it
     has ``Manual`` ones (a ``shard_map`` body) JAX's own message names the fix."""
-    ours = _placement.typed_mesh(x)
+    ours = facts.typed_mesh
     auto = jax.sharding.AxisType.Auto
     if ours is None or not ours.axis_names or any(t != auto for t in ours.axis_types):
         return
@@ -191,7 +193,7 @@ def _check_one_typed_mesh(x: Any, others: tuple[tuple[str, Any], ...]) -> None:
         theirs = _placement.typed_mesh(other)
         if theirs is None or jax.sharding.AxisType.Explicit not in theirs.axis_types:
             continue
-        where = "" if _placement.is_concrete(x) else ", outside the jit"
+        where = "" if facts.concrete else ", outside the jit"
         raise ValueError(
             f"{name} is typed on the mesh {dict(theirs.shape)} with axis types "
             f"{_type_names(theirs)} but x on {dict(ours.shape)} with "
@@ -204,16 +206,12 @@ def _type_names(mesh: Any) -> str:
     return "(" + ", ".join(t.name for t in mesh.axis_types) + ")"
 
 
-def _mesh_axes(x: Any) -> tuple:
-    return tuple(getattr(_placement.typed_mesh(x), "axis_names", ()) or ())
-
-
-def check_not_aliased(x: Any, *others: tuple[str, Any]) -> None:
+def check_not_aliased(x: Any, facts: _placement.Facts, *others: tuple[str, Any]) -> None:
     """The buffer is consumed (donated); it cannot also be read as another argument."""
     for name, other in others:
         same = other is x
         # Empty arrays may all share one (null) pointer: they hold nothing to alias.
-        concrete = _placement.is_concrete(x) and _placement.is_concrete(other)
+        concrete = facts.concrete and _placement.is_concrete(other)
         if not same and concrete and x.size > 0 and other.size > 0:
             same = not _buffer_pointers(other).isdisjoint(_buffer_pointers(x))
         if same:
@@ -238,40 +236,55 @@ def _buffer_pointers(a: Any) -> set[int]:
 
 
 def check_write(
-    op: str, x: Any, index: Any, updates: Any, *, mode: Any, backend: Any,
-    sharded: bool = False,
+    op: str, x: Any, index: Any, updates: Any, *, facts: _placement.Facts, mode: Any,
+    backend: Any, sharded: bool = False,
 ) -> tuple[_index.IndexPlan, tuple]:
     """Every check of a write, in the order users fix them; returns the parsed index.
+    ``facts`` are ``x``'s (``_placement.facts``): nothing here asks about ``x`` again.
 
     ``sharded``: ``x`` is sharded along axis 0 (the sharded layer places the index and
     updates on its mesh itself, so they may live anywhere; axis 0 must be indexed)."""
     check_mode_and_backend(mode, backend)
-    check_buffer(x)
+    check_buffer(x, facts)
     check_op_dtype(op, x.dtype)
     plan, operands = _index_parse.parse(index, x.shape, mode, min_lead=int(sharded))
     check_updates(updates, plan.result_shape, x.dtype)
     if not sharded:
-        check_same_device(x, ("indices", index), ("updates", updates))
-    check_not_aliased(x, ("indices", index), ("updates", updates))
+        check_same_device(x, facts, ("indices", index), ("updates", updates))
+    check_not_aliased(x, facts, ("indices", index), ("updates", updates))
     for name, operand in named_operands(index, operands):
         if not sharded:
-            check_same_device(x, (name, operand))
-        check_not_aliased(x, (name, operand))
+            check_same_device(x, facts, (name, operand))
+        check_not_aliased(x, facts, (name, operand))
     _registry.check_available(x, backend, updates, *operands)
     return plan, operands
 
 
-def check_read(x: Any, index: Any, *, mode: Any, backend: Any) -> tuple[_index.IndexPlan, tuple]:
-    """Every check of a read; returns the parsed index."""
+def check_read(
+    x: Any, index: Any, *, facts: _placement.Facts, mode: Any, backend: Any,
+) -> tuple[_index.IndexPlan, tuple]:
+    """Every check of a read; returns the parsed index. ``facts`` as for check_write."""
     check_mode_and_backend(mode, backend, modes=GATHER_MODES)
-    check_buffer(x)
+    check_buffer(x, facts)
     plan, operands = _index_parse.parse(index, x.shape, mode, read=True)
     check_rows_to_read(x.shape, plan, mode)
-    check_same_device(x, ("indices", index))
+    check_same_device(x, facts, ("indices", index))
     for name, operand in named_operands(index, operands):
-        check_same_device(x, (name, operand))
+        check_same_device(x, facts, (name, operand))
     _registry.check_available(x, backend, *operands)
     return plan, operands
+
+
+def check_kept(x: Any, facts: _placement.Facts, backend: Any, *others: tuple[str, Any]) -> None:
+    """What a call whose signature passed the full checks before (``_front``'s kept
+    plans) still checks, in check_write's order: what can change from call to call. A
+    deleted buffer; ``others`` (a write's indices and updates) that are the buffer
+    itself; whether an explicit kernel backend can run now (the registry's answer now,
+    not when kept)."""
+    if facts.deleted:
+        raise ValueError(_placement.DELETED)
+    check_not_aliased(x, facts, *others)
+    _registry.check_available(x, backend)
 
 
 def check_op_dtype(op: str, dtype) -> None:

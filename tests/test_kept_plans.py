@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from pallas_pinned import _availability, _front, _registry, _validation
+from pallas_pinned import _availability, _front, _placement, _registry, _validation
 from tests.helpers import put, read
 
 X0 = np.arange(24, dtype=np.float32).reshape(8, 3) + 0.5
@@ -237,7 +237,7 @@ def test_eager_positions_passed_as_values_give_jnps_results(index, mode):
     # index meets each combiner once over the four writing modes (an out-of-range one under
     # the promise writes nothing), and each mode meets every combiner. The lifting is the
     # index's; the combiner only decides what lands where the positions point.
-    lifted, axes = _front._positions_as_values(put(GRID), index)
+    lifted, axes = _front._positions_as_values(index, None, GRID.shape)
     items = lifted if isinstance(lifted, tuple) else (lifted,)
     assert sum(isinstance(it, jax.Array) for it in items) == LIFT_INDICES[index] == len(axes)
     want_get = jnp.asarray(GRID).at[index].get(
@@ -264,7 +264,8 @@ def test_positions_stay_static_inside_a_trace():
     seen = []
 
     def write(x, u):
-        seen.append(_front._positions_as_values(x, (1, 2), u))
+        shape = x.shape if _placement.facts(x).concrete else None
+        seen.append(_front._positions_as_values((1, 2), u, shape))
         return pp.at(x)[1, 2].set(u)
 
     x = jax.jit(write, donate_argnums=0)(put(GRID), jnp.ones(3, jnp.float32))
@@ -274,8 +275,7 @@ def test_positions_stay_static_inside_a_trace():
     want[1, 2] = 1.0
     np.testing.assert_array_equal(read(x), want)
     # Concrete x with traced updates (a closed-over buffer): static too.
-    concrete = put(GRID)
-    jax.jit(lambda u: seen.append(_front._positions_as_values(concrete, 3, u)))(1.0)
+    jax.jit(lambda u: seen.append(_front._positions_as_values(3, u, GRID.shape)))(1.0)
     assert seen[-1] == (3, frozenset())
 
 
@@ -285,7 +285,7 @@ def test_under_a_transfer_guard_positions_stay_static(guard):
     x = put(GRID)
     u = jnp.full((5, 3), 1.5, jnp.float32)
     with guard("disallow"):
-        assert _front._positions_as_values(x, 2, u) == (2, frozenset())
+        assert _front._positions_as_values(2, u, x.shape) == (2, frozenset())
         x = pp.at(x)[2].set(u)
         got = pp.at(x)[2].get()
     want = GRID.copy()
