@@ -117,8 +117,13 @@ def loss_fn(dense, embs, x, labels, args):
     bottom = mlp(dense["bottom"], x)
     pooled = [e.reshape(args.samples, args.bag, args.dim).sum(1) for e in embs]
     v = jnp.stack([bottom, *pooled], axis=1)  # (samples, tables + 1, dim)
-    upper = np.triu_indices(v.shape[1], k=1)
-    dots = jnp.einsum("sid,sjd->sij", v, v)[:, upper[0], upper[1]]
+    k = v.shape[1]
+    # The upper triangle by a 0/1 matrix, exactly: indexing would differentiate into a
+    # scatter-add, whose order a GPU does not fix, and the runs must agree bit for bit.
+    upper = np.triu_indices(k, 1)
+    pick = np.zeros((k * k, len(upper[0])), np.float32)
+    pick[upper[0] * k + upper[1], np.arange(len(upper[0]))] = 1
+    dots = jnp.einsum("sid,sjd->sij", v, v).reshape(-1, k * k) @ pick
     logits = mlp(dense["top"], jnp.concatenate([bottom, dots], axis=1))[:, 0]
     return jnp.mean(jax.nn.softplus(logits) - labels * logits)
 
