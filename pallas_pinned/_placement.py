@@ -119,11 +119,6 @@ def named_axes(spec) -> tuple[str, ...]:
     return tuple(names)
 
 
-def check_buffer_alive(x: Any) -> None:
-    if is_concrete(x) and x.is_deleted():
-        raise ValueError(DELETED)
-
-
 def wait_for_inputs(*args: Any) -> None:
     """Waits until the concrete arrays among ``args`` are computed; raises the error of one
     whose computation failed. An eager write donates ``x`` as it is dispatched, and a run that
@@ -333,7 +328,8 @@ def fix_memory_space(x: jax.Array) -> jax.Array:
             f"fix_memory_space takes a jax.Array, got {type(x).__name__}; place it in "
             "pinned host memory first with jax.device_put"
         )
-    check_buffer_alive(x)
+    if x.is_deleted():
+        raise ValueError(DELETED)
     return _agreeing_type(x)
 
 
