@@ -112,14 +112,15 @@ def raw_triton_usable() -> bool:
     return True
 
 
-def check_available(x: Any, backend: str, *arrays: Any) -> None:
-    """An explicit kernel backend must be importable and able to run where ``x`` is (and,
-    for ``"interpret"``, on ``arrays``: the call's other inputs). Its limits on the call's
-    shapes are ``_registry.choose``'s to check, at trace time, before anything runs."""
+def check_available(facts: Any, backend: str, *arrays: Any) -> None:
+    """An explicit kernel backend must be importable and able to run where the buffer is
+    (``facts``: ``_placement.facts`` of it) and, for ``"interpret"``, on ``arrays``: the
+    call's other inputs. Its limits on the call's shapes are ``_registry.choose``'s to
+    check, at trace time, before anything runs."""
     if backend not in ("pallas", "triton", "interpret"):
         return
     if backend == "interpret":
-        _check_interpret_invarying(x, *arrays)
+        _check_interpret_invarying(facts.varying.union(*map(_placement.varying_axes, arrays)))
     if backend in ("pallas", "interpret"):
         reason = pallas_triton_importable()
         if reason is not None:
@@ -127,7 +128,7 @@ def check_available(x: Any, backend: str, *arrays: Any) -> None:
                 f"backend={backend!r} needs Pallas's Triton backend, which is unavailable: "
                 f"{reason}. Use backend='auto' (raw Triton or XLA) or backend='triton'"
             )
-    platform = _placement.platform_of(x)
+    platform = facts.platform
     off_gpu = (
         f"needs a CUDA GPU, but x is on {platform!r}; use backend='interpret' to run the "
         "Pallas kernel on CPU, or 'auto'"
@@ -146,11 +147,10 @@ def check_available(x: Any, backend: str, *arrays: Any) -> None:
         raise NotImplementedError(f"backend={backend!r} compiles a Triton kernel and {off_gpu}")
 
 
-def _check_interpret_invarying(*arrays: Any) -> None:
-    """``"interpret"`` inside a ``shard_map`` that checks varying axes: Pallas's
-    interpreter mixes varying and invarying values, and JAX failed inside it
-    ("Primitive gather requires varying manual axes to match")."""
-    varying = frozenset().union(*map(_placement.varying_axes, arrays))
+def _check_interpret_invarying(varying: frozenset) -> None:
+    """``"interpret"`` inside a ``shard_map`` that checks varying axes (the inputs vary
+    along ``varying``): Pallas's interpreter mixes varying and invarying values, and JAX
+    failed inside it ("Primitive gather requires varying manual axes to match")."""
     if varying:
         raise NotImplementedError(
             f"backend='interpret' cannot run on inputs that vary along the shard_map axes "

@@ -69,6 +69,8 @@ class Facts(NamedTuple):
     typed_mesh: Any  # the mesh of its type (:func:`typed_mesh`)
     signature: tuple | None  # what of a concrete x keys a kept plan (``_front``)
     buffer: Any  # x; concrete and alive, with a type that agrees with its memory
+    platform: str  # where it is placed (:func:`platform_of`)
+    varying: frozenset  # the shard_map axes its type varies along (:func:`varying_axes`)
 
     @property
     def explicit_mesh(self) -> Any:
@@ -84,7 +86,8 @@ def facts(x: Any) -> Facts:
     mesh = typed_mesh(x)
     if not is_concrete(x):
         sharding = getattr(jax.typeof(x), "sharding", None) if hasattr(x, "aval") else None
-        return Facts(False, False, False, _traced_sharded(sharding), sharding, mesh, None, x)
+        return Facts(False, False, False, _traced_sharded(sharding), sharding, mesh, None, x,
+                     platform_of(x), varying_axes(x))
     sharding, deleted = x.sharding, x.is_deleted()
     named = isinstance(sharding, jax.sharding.NamedSharding)
     sharded = (named and bool(named_axes(sharding.spec))) or (
@@ -95,6 +98,7 @@ def facts(x: Any) -> Facts:
         sharded=sharded, sharding=sharding, typed_mesh=mesh,
         signature=(x.shape, x.dtype, sharding, x.committed),
         buffer=x if deleted else _agreeing_type(x),
+        platform=platform_of(x), varying=varying_axes(x),
     )
 
 

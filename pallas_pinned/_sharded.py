@@ -210,7 +210,7 @@ def gather(x, index, *, mode=None, fill_value=None, indices_are_sorted=False,
     fill = _validation.check_fill_value(fill_value)
     plan, operands = _index_parse.parse(index, x.shape, mode, read=True, min_lead=1)
     _validation.check_rows_to_read(x.shape, plan, mode)
-    _registry.check_available(x, backend)
+    _registry.check_available(facts, backend)
     traced = not facts.concrete
     operands = tuple(_place(name, a, layout, traced)
                      for name, a in _validation.named_operands(index, operands))

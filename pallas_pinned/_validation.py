@@ -256,7 +256,7 @@ def check_write(
         if not sharded:
             check_same_device(x, facts, (name, operand))
         check_not_aliased(x, facts, (name, operand))
-    _registry.check_available(x, backend, updates, *operands)
+    _registry.check_available(facts, backend, updates, *operands)
     return plan, operands
 
 
@@ -271,7 +271,7 @@ def check_read(
     check_same_device(x, facts, ("indices", index))
     for name, operand in named_operands(index, operands):
         check_same_device(x, facts, (name, operand))
-    _registry.check_available(x, backend, *operands)
+    _registry.check_available(facts, backend, *operands)
     return plan, operands
 
 
@@ -284,7 +284,7 @@ def check_kept(x: Any, facts: _placement.Facts, backend: Any, *others: tuple[str
     if facts.deleted:
         raise ValueError(_placement.DELETED)
     check_not_aliased(x, facts, *others)
-    _registry.check_available(x, backend)
+    _registry.check_available(facts, backend)
 
 
 def check_op_dtype(op: str, dtype) -> None:

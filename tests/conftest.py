@@ -102,8 +102,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-
-
 @pytest.fixture(autouse=True)
 def _interpret_runs_kernels(monkeypatch):
     """Every test: an op called with backend="interpret" must run a Pallas kernel.
