@@ -104,7 +104,7 @@ def read_rows(x: jax.Array, rows: np.ndarray, *, flat: bool = False) -> np.ndarr
     """
     device = next(iter(x.devices()))
     on_device = jax.sharding.make_single_device_sharding(device, memory_kind="device")
-    whole = jax.device_put(x, jax.memory.Space.Device)  # see sparse_training.max_abs_diff
+    whole = jax.device_put(x, jax.memory.Space.Device)  # see training_providers.max_abs_diff
     picked = np.asarray(
         _gather_fn(flat)(whole, jax.device_put(rows.astype(np.int32), on_device)))
     if whole is not x:

@@ -152,7 +152,7 @@ def _loop_grid() -> tuple[LoopCase, ...]:
 
 LOOP_CASES = _loop_grid()
 
-# A few seconds on a CPU: the grid of `python -m benchmarks.loop --cpu`
+# A few seconds on a CPU: the grid of `python -m benchmarks.loop` without a GPU
 # (tests/test_benchmarks_loop.py checks it is the default CPU plan).
 LOOP_CPU_CASES = (LoopCase(5, 4), LoopCase(64, 256), LoopCase(16, 256, "bfloat16"))
 
