@@ -26,8 +26,20 @@ TOL = 1e-5
 
 
 def _pinned(a):
-    return jax.device_put(np.asarray(a), jax.sharding.make_single_device_sharding(
+    # A copy that only jax holds: on CPU, device_put may take an aligned numpy array without
+    # a copy, and a test's numpy model changes while writes that read the table may still
+    # be in flight (jax dispatches them asynchronously).
+    return jax.device_put(np.array(a), jax.sharding.make_single_device_sharding(
         jax.devices()[0], memory_kind="pinned_host"))
+
+
+def _aligned(a):
+    """``a`` copied to a page-aligned address: memory jax on CPU can take without a copy."""
+    raw = np.empty(a.nbytes + 4096, np.uint8)
+    start = -raw.ctypes.data % 4096
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
 
 
 def _np(a):
@@ -100,6 +112,14 @@ def test_refresh_lfu_takes_the_most_looked_up_and_lru_the_most_recent_writing_di
         s = ct.stats(cache)
         assert (s.evictions, s.writebacks, s.loads) == (2, 2, 4), policy
         _check_invariants(cache)
+
+
+def test_a_pinned_table_keeps_its_values_when_the_numpy_model_changes():
+    model = _aligned(_table())
+    want = model.copy()
+    cache = ct.create(_pinned(model), C)
+    model += 1  # as the fuzz's model does after each write
+    np.testing.assert_array_equal(_np(ct.flush(cache).table), want)
 
 
 OPS = st.sampled_from(["lookup", "add", "set", "refresh", "flush"])
