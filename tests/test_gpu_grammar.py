@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import pallas_pinned as pp
-from tests.helpers import PALLAS, TRITON, has_gpu
+from tests.helpers import AUTO_REPEATS_XLA, PALLAS, TRITON, has_gpu
 
 # Where a GPU is seen the whole module is the GPU suite's (-m gpu), as it always
 # was; without one only what is marked gpu below (it needs a GPU) is skipped.
@@ -41,9 +41,22 @@ METHODS = ("set", "add", "min", "max", "multiply")
 
 
 # pallas and triton as parameters marked gpu: without a GPU (or the extra) they
-# show as skips, never vanish. auto keeps its CPU cases: it meets jit and donation
-# here (tests/helpers.py, AUTO_REPEATS_XLA).
+# show as skips, never vanish. Off CUDA, auto on a host buffer writes a block as rows
+# where xla copies the block: those forms keep their auto case on CPU (it meets jit and
+# donation here). Every other form's auto case lowers to the xla case's program there
+# (tests/helpers.py, AUTO_REPEATS_XLA): a skip off CUDA.
+BLOCK_FORMS = ("ds block", "ds on axis 1", "int")
 BACKENDS = ["auto", PALLAS, "xla", TRITON]
+
+
+def _cases():
+    for form in FORMS:
+        for backend in BACKENDS:
+            name, marks = (backend, ()) if isinstance(backend, str) else (backend.values[0],
+                                                                           backend.marks)
+            if name == "auto" and form not in BLOCK_FORMS:
+                marks = (pytest.mark.skipif(not has_gpu(), reason=AUTO_REPEATS_XLA),)
+            yield pytest.param(form, name, marks=marks, id=f"{form}-{name}")
 
 
 def _oracle(a):
@@ -56,8 +69,7 @@ def _host(a):
     return jax.device_put(a, sharding)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("form,backend", list(_cases()))
 def test_every_form_and_method_matches_jnp(form, backend):
     rng = np.random.default_rng(zlib.crc32(form.encode()))
     x0 = rng.integers(-8, 8, SHAPE).astype(np.float32)
