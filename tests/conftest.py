@@ -78,12 +78,17 @@ settings.register_profile("ci", derandomize=True, **_PROFILE)
 settings.register_profile("explore", derandomize=False, **_PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# The modules that take longest (child processes, whole notebooks, then the largest
-# grids, 30 to 50 s each on 2 cores) go first: with several workers (dev.sh:
+# The modules that take longest (15 to 60 s each on 2 cores, longest first: child
+# processes, whole notebooks, the largest grids) go first: with several workers (dev.sh:
 # pytest-xdist, one module per worker at a time, in this order) the short ones then
-# fill in around them and the workers finish together.
-FIRST = ("test_sharded.py", "test_provenance.py", "test_notebooks.py", "test_index_dynamic.py",
-         "test_scatter_add.py", "test_index_advanced.py", "test_semantics.py")
+# fill in around them and the workers finish together, not one waiting on a long module
+# that its name sorted last.
+FIRST = ("test_sharded.py", "test_index_dynamic.py", "test_scatter_add.py",
+         "test_notebooks.py", "test_index_advanced.py", "test_kept_plans.py",
+         "test_semantics.py", "test_index_fuzz.py", "test_sharded_public.py",
+         "test_cached_example.py", "test_index_static.py", "test_paths.py",
+         "test_gpu_grammar.py", "test_promises.py", "test_sharded_meshes.py",
+         "test_provenance.py", "test_index_wrap.py", "test_cached_training.py")
 
 
 def pytest_unconfigure(config):
