@@ -5,7 +5,7 @@
 #                             pass through); it lists the 15 slowest tests at the end.
 #                             Without args it then runs the jax-triton 0.4 tests in
 #                             .venv-jt04 (jax-triton 0.4.1 + triton >= 3.7), whose
-#                             install runs in the background beside the main one
+#                             install runs in the background beside the main suite
 # Both create .venv with Python 3.12 (pyenv reads .python-version) and install
 # the package with its test extra. PYTHON=/path/to/python3.12 overrides.
 # PALLAS_PINNED_EXTRAS picks the extras (default "test": CPU-only jax); on a GPU
@@ -50,9 +50,14 @@ setup() {
 setup_jax_triton_04() {
   if [ ! -x .venv-jt04/bin/python ]; then "$(find_python)" -m venv .venv-jt04; fi
   if [ ! -f .venv-jt04/.installed ] || [ pyproject.toml -nt .venv-jt04/.installed ]; then
-    # A whole environment of its own, installed beside .venv's install: each pip runs
-    # mostly on one core, so on two cores both end together (30 s on a fresh clone),
-    # and none of it competes with the suite.
+    # .venv's packages (jax, pytest, ...) are seen after .venv-jt04's own (a .pth file
+    # appends them to sys.path), so pip installs only what differs: jax-triton 0.4 and its
+    # triton, which shadow .venv's pair. A third of the CPU time of a full second install,
+    # spent while the main suite runs.
+    local site main_site
+    site=$(.venv-jt04/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    main_site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    echo "$main_site" > "$site/_pallas_pinned_main_venv.pth"
     .venv-jt04/bin/python -m pip install -q --disable-pip-version-check --no-compile \
       -e ".[test-jax-triton-04]"
     touch .venv-jt04/.installed
@@ -64,18 +69,19 @@ shift || true
 case "$command" in
   demo) setup; exec .venv/bin/python -m pallas_pinned "$@" ;;
   test)
-    # The jax-triton 0.4 environment installs beside the main one.
+    setup
+    # The suite starts many Python processes (xdist workers, examples, notebook kernels,
+    # children): with bytecode written, the first to import jax compiles it and the rest
+    # load it (1.3 s an import instead of 3.9 s). Some machines set this variable.
+    unset PYTHONDONTWRITEBYTECODE
+    # The jax-triton 0.4 environment installs while the main suite runs (mostly
+    # download and unpacking, which the suite's compiles leave room for).
     jt04_pid=
     if [ "$#" -eq 0 ]; then
       jt04_log=$(mktemp)
       setup_jax_triton_04 >"$jt04_log" 2>&1 &
       jt04_pid=$!
     fi
-    setup
-    # The suite starts many Python processes (xdist workers, examples, notebook kernels,
-    # children): with bytecode written, the first to import jax compiles it and the rest
-    # load it (1.3 s an import instead of 3.9 s). Some machines set this variable.
-    unset PYTHONDONTWRITEBYTECODE
     .venv/bin/ruff check .
     # One pytest-xdist worker per core, at most 4 (each imports jax and compiles
     # its own programs); a module stays on one worker (module fixtures run
